@@ -1,0 +1,17 @@
+//! The interpreter-free core of fastpjit: which slice of a global array each device holds.
+//!
+//! Every sharding that JAX knows (a `NamedSharding` over a mesh, a GSPMD `HloSharding`, a
+//! single device) reduces to a [`TileLayout`]; [`IndexMap`] turns a layout and a global shape
+//! into per-device bounds. Nothing here touches Python, so all of it is tested with `cargo test`.
+
+pub mod error;
+pub mod hlo_sharding;
+pub mod index_map;
+pub mod mesh;
+pub mod tile;
+
+pub use error::ShardingError;
+pub use hlo_sharding::HloSharding;
+pub use index_map::IndexMap;
+pub use mesh::{MeshAxes, NamedSpec};
+pub use tile::{DeviceOrder, TileLayout};
