@@ -1,8 +1,26 @@
-//! `fastpjit._core`: the PyO3 layer over `fastpjit_core`. It converts types and nothing more.
+//! `fastpjit._core`: the `PyO3` layer over `fastpjit_core`. It converts types and nothing more.
+
+mod errors;
+mod index_maps;
+mod sharding;
+mod stats;
+
 use pyo3::prelude::*;
 
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_function(wrap_pyfunction!(stats::stats, m)?)?;
+    m.add_function(wrap_pyfunction!(stats::reset_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(stats::py_count_fallback, m)?)?;
+    m.add_function(wrap_pyfunction!(index_maps::devices_indices_map, m)?)?;
+    m.add_function(wrap_pyfunction!(
+        index_maps::addressable_devices_indices_map,
+        m
+    )?)?;
+    m.add_function(wrap_pyfunction!(index_maps::shard_shape, m)?)?;
+    m.add_function(wrap_pyfunction!(index_maps::device_replica_id_map, m)?)?;
+    m.add_function(wrap_pyfunction!(index_maps::indices_array, m)?)?;
+    m.add_function(wrap_pyfunction!(index_maps::canonical_hlo_sharding, m)?)?;
     Ok(())
 }

@@ -322,7 +322,7 @@ mod tests {
         let mesh = MeshAxes::new(vec!["a".into(), "b".into(), "c".into()], vec![2, 3, 2]).unwrap();
         let layout = spec(&[&["c", "a"], &[]]).to_layout(&mesh, 2, None).unwrap();
         let map = IndexMap::new(&layout, &[8, 3], 12).unwrap();
-        let mut counts = vec![0usize; 8 * 3];
+        let mut counts = [0usize; 8 * 3];
         for device in 0..12 {
             let b = bounds(&map, device);
             for row in b[0].0..b[0].1 {

@@ -1,0 +1,43 @@
+# The README's two commands: `make demo` and `make test`. Everything else supports them.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
+export JAX_PLATFORMS ?= cpu
+
+.PHONY: demo test build venv rust-test py-test lint bench clean
+
+demo: build
+	$(PY) examples/demo.py
+
+test: build rust-test py-test
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --upgrade pip
+	$(VENV)/bin/pip install --quiet "maturin>=1.9,<2" "jax==0.10.2" "jaxlib==0.10.2" "numpy>=2" \
+		"pytest>=8" "hypothesis>=6.100" "matplotlib>=3.8" "ruff>=0.6" "mypy>=1.10"
+	touch $@
+
+build: venv
+	VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/maturin develop --release --quiet
+
+rust-test:
+	cargo test --quiet
+
+py-test:
+	$(PY) -m pytest -q
+
+lint: venv
+	cargo fmt --check
+	cargo clippy --workspace --all-targets -- -D warnings
+	$(VENV)/bin/ruff check python tests benches examples
+	$(PY) -m mypy.stubtest fastpjit._core
+
+bench: build
+	$(PY) benches/run.py
+
+clean:
+	rm -rf $(VENV) target

@@ -1,0 +1,38 @@
+"""Index maps of JAX shardings, computed by fastpjit's Rust core.
+
+Each function takes any `jax.sharding.Sharding` (NamedSharding over a Mesh or an AbstractMesh,
+SingleDeviceSharding, GSPMDSharding, or one made by `parse_hlo_sharding`) and a global shape.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from fastpjit import _jax
+from fastpjit._core import (
+    addressable_devices_indices_map,
+    canonical_hlo_sharding,
+    device_replica_id_map,
+    devices_indices_map,
+    indices_array,
+    shard_shape,
+)
+
+__all__ = [
+    "addressable_devices_indices_map",
+    "device_replica_id_map",
+    "devices_indices_map",
+    "indices_array",
+    "parse_hlo_sharding",
+    "shard_shape",
+]
+
+
+def parse_hlo_sharding(text: str, devices: Sequence[Any]) -> _jax.GSPMDSharding:
+    """The sharding that HLO text such as `{devices=[4,2]<=[8]}` describes over `devices`.
+
+    The text is read by fastpjit's own parser, which names the column where malformed text
+    goes wrong; the result is a JAX GSPMDSharding, usable wherever JAX takes a sharding.
+    """
+    devices = tuple(devices)
+    return _jax.gspmd_sharding(devices, canonical_hlo_sharding(text, len(devices)))

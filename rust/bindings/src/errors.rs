@@ -1,0 +1,66 @@
+//! The one place where core errors become Python exceptions, each the type JAX raises for the
+//! same misuse.
+
+use fastpjit_core::ShardingError;
+use pyo3::exceptions::{PyNotImplementedError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::PyType;
+
+static INDIVISIBLE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static DUPLICATE_SPEC: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static RANK: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+
+fn error_class<'py>(
+    py: Python<'py>,
+    cell: &'static PyOnceLock<Py<PyType>>,
+    name: &str,
+) -> PyResult<&'py Bound<'py, PyType>> {
+    cell.import(py, "fastpjit.errors", name)
+}
+
+/// Converts `err`; `subject` (the sharding, where there is one) opens messages as JAX's do.
+pub fn sharding_error(
+    py: Python<'_>,
+    err: &ShardingError,
+    subject: Option<&Bound<'_, PyAny>>,
+) -> PyErr {
+    let about = subject.map_or_else(String::new, |s| {
+        s.repr()
+            .map_or_else(|_| String::new(), |r| format!("Sharding {r}: "))
+    });
+    let raise = |cell, name, message: String| match error_class(py, cell, name) {
+        Ok(class) => PyErr::from_type(class.clone(), message),
+        Err(import_error) => import_error,
+    };
+    match err {
+        ShardingError::Indivisible { .. } => {
+            let message = match subject.and_then(|s| s.repr().ok()) {
+                Some(r) => format!("Sharding {r} implies that {err}"),
+                None => format!("The sharding implies that {err}"),
+            };
+            raise(&INDIVISIBLE, "IndivisibleError", message)
+        }
+        ShardingError::DuplicateAxis { .. } => {
+            // DuplicateSpecError(message, mesh, pspec) takes the offending objects too.
+            match error_class(py, &DUPLICATE_SPEC, "DuplicateSpecError") {
+                Ok(class) => {
+                    let message = format!("{about}{err}");
+                    let (mesh, spec) = subject.map_or((None, None), |s| {
+                        (s.getattr("mesh").ok(), s.getattr("spec").ok())
+                    });
+                    match class.call1((message, mesh, spec)) {
+                        Ok(instance) => PyErr::from_value(instance),
+                        Err(e) => e,
+                    }
+                }
+                Err(import_error) => import_error,
+            }
+        }
+        ShardingError::Rank { .. } => raise(&RANK, "ShardingRankError", format!("{about}{err}")),
+        ShardingError::Unsupported(_) => PyNotImplementedError::new_err(format!("{about}{err}")),
+        ShardingError::UnknownAxis { .. }
+        | ShardingError::Parse { .. }
+        | ShardingError::Invalid(_) => PyValueError::new_err(format!("{about}{err}")),
+    }
+}

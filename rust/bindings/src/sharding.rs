@@ -1,0 +1,134 @@
+//! Reads a JAX sharding object into the core's terms: a tile layout and its device assignment.
+
+use fastpjit_core::{HloSharding, MeshAxes, NamedSpec, TileLayout};
+use pyo3::exceptions::{PyNotImplementedError, PyTypeError};
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyString, PyTuple, PyType};
+use pyo3::{intern, BoundObject};
+
+use crate::errors::sharding_error;
+
+static NAMED_SHARDING: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static SINGLE_DEVICE_SHARDING: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static ABSTRACT_MESH: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static SHARDING: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static PRIVATE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
+
+/// The private-API module `fastpjit._jax`, imported once.
+pub fn private(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
+    Ok(PRIVATE
+        .get_or_try_init(py, || py.import("fastpjit._jax").map(Bound::unbind))?
+        .bind(py))
+}
+
+/// A sharding in the core's terms, for arrays of one rank.
+pub struct ShardingView<'py> {
+    pub layout: TileLayout,
+    /// The device assignment, or `None` for a mesh with no devices (`AbstractMesh`).
+    pub devices: Option<Vec<Bound<'py, PyAny>>>,
+    pub num_devices: usize,
+}
+
+/// Converts `sharding` for arrays of rank `ndim`.
+pub fn view<'py>(sharding: &Bound<'py, PyAny>, ndim: usize) -> PyResult<ShardingView<'py>> {
+    let py = sharding.py();
+    let named = NAMED_SHARDING.import(py, "jax.sharding", "NamedSharding")?;
+    if sharding.is_instance(named)? {
+        return named_view(sharding, ndim);
+    }
+    let single = SINGLE_DEVICE_SHARDING.import(py, "jax.sharding", "SingleDeviceSharding")?;
+    if sharding.is_instance(single)? {
+        let device = sharding
+            .getattr(intern!(py, "device_set"))?
+            .try_iter()?
+            .next()
+            .transpose()?;
+        let device =
+            device.ok_or_else(|| PyTypeError::new_err("a SingleDeviceSharding with no device"))?;
+        return Ok(ShardingView {
+            layout: TileLayout::Replicated,
+            devices: Some(vec![device]),
+            num_devices: 1,
+        });
+    }
+    if !sharding.is_instance(SHARDING.import(py, "jax.sharding", "Sharding")?)? {
+        return Err(PyTypeError::new_err(format!(
+            "sharding must be a jax.sharding.Sharding, got {}",
+            sharding.get_type().name()?
+        )));
+    }
+    let parts = private(py)?
+        .getattr(intern!(py, "hlo_parts"))?
+        .call1((sharding, ndim))?;
+    let (text, devices): (String, Vec<Bound<'py, PyAny>>) = parts.extract()?;
+    let layout = HloSharding::parse(&text)
+        .and_then(|hlo| hlo.to_layout())
+        .map_err(|e| sharding_error(py, &e, Some(sharding)))?;
+    let num_devices = devices.len();
+    Ok(ShardingView {
+        layout,
+        devices: Some(devices),
+        num_devices,
+    })
+}
+
+fn named_view<'py>(sharding: &Bound<'py, PyAny>, ndim: usize) -> PyResult<ShardingView<'py>> {
+    let py = sharding.py();
+    let mesh = sharding.getattr(intern!(py, "mesh"))?;
+    let spec = sharding.getattr(intern!(py, "spec"))?;
+    if spec.getattr(intern!(py, "unreduced"))?.len()? > 0 {
+        return Err(PyNotImplementedError::new_err(
+            "devices_indices_map is not defined for a sharding with unreduced axes",
+        ));
+    }
+    let names: Vec<String> = mesh
+        .getattr(intern!(py, "axis_names"))?
+        .try_iter()?
+        .map(|name| name.and_then(|n| axis_name(&n)))
+        .collect::<PyResult<_>>()?;
+    let sizes: Vec<usize> = mesh.getattr(intern!(py, "axis_sizes"))?.extract()?;
+    let axes = MeshAxes::new(names, sizes).map_err(|e| sharding_error(py, &e, Some(sharding)))?;
+    let unconstrained = spec.get_type().getattr(intern!(py, "UNCONSTRAINED"))?;
+    let dims = spec
+        .try_iter()?
+        .map(|entry| {
+            let entry = entry?;
+            if entry.is_none() || entry.is(&unconstrained) {
+                Ok(Vec::new())
+            } else if let Ok(tuple) = entry.cast::<PyTuple>() {
+                tuple.iter().map(|n| axis_name(&n)).collect()
+            } else {
+                Ok(vec![axis_name(&entry)?])
+            }
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    let logical: Option<Vec<usize>> = private(py)?
+        .getattr(intern!(py, "logical_device_ids"))?
+        .call1((sharding,))?
+        .extract()?;
+    let layout = NamedSpec::new(dims)
+        .to_layout(&axes, ndim, logical.as_deref())
+        .map_err(|e| sharding_error(py, &e, Some(sharding)))?;
+    let abstract_mesh = ABSTRACT_MESH.import(py, "jax.sharding", "AbstractMesh")?;
+    let devices = if mesh.is_instance(abstract_mesh)? {
+        None
+    } else {
+        let flat = mesh
+            .getattr(intern!(py, "devices"))?
+            .call_method0(intern!(py, "ravel"))?;
+        Some(flat.call_method0(intern!(py, "tolist"))?.extract()?)
+    };
+    Ok(ShardingView {
+        layout,
+        devices,
+        num_devices: axes.num_devices(),
+    })
+}
+
+fn axis_name(name: &Bound<'_, PyAny>) -> PyResult<String> {
+    match name.cast::<PyString>() {
+        Ok(s) => Ok(s.to_str()?.to_owned()),
+        Err(_) => Ok(name.str()?.into_bound().to_str()?.to_owned()),
+    }
+}

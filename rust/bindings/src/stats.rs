@@ -1,0 +1,60 @@
+//! Process-wide counters behind `fastpjit.stats()`: cache hits, misses, compiles and fallbacks
+//! with their reasons.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+static CACHE_HITS: AtomicU64 = AtomicU64::new(0);
+static CACHE_MISSES: AtomicU64 = AtomicU64::new(0);
+static COMPILES: AtomicU64 = AtomicU64::new(0);
+static FALLBACKS: Mutex<BTreeMap<String, u64>> = Mutex::new(BTreeMap::new());
+
+/// Records that a call took a slower correct path, and why.
+pub fn count_fallback(reason: &str) {
+    let mut fallbacks = FALLBACKS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    *fallbacks.entry(reason.to_owned()).or_default() += 1;
+}
+
+/// A snapshot of every counter: `{"cache_hits", "cache_misses", "compiles", "fallbacks": {reason: n}}`.
+#[pyfunction]
+pub fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let out = PyDict::new(py);
+    out.set_item("cache_hits", CACHE_HITS.load(Ordering::Relaxed))?;
+    out.set_item("cache_misses", CACHE_MISSES.load(Ordering::Relaxed))?;
+    out.set_item("compiles", COMPILES.load(Ordering::Relaxed))?;
+    let fallbacks = PyDict::new(py);
+    for (reason, n) in FALLBACKS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .iter()
+    {
+        fallbacks.set_item(reason, n)?;
+    }
+    out.set_item("fallbacks", fallbacks)?;
+    Ok(out)
+}
+
+/// Sets every counter back to zero.
+#[pyfunction]
+pub fn reset_stats() {
+    for cell in [&CACHE_HITS, &CACHE_MISSES, &COMPILES] {
+        cell.store(0, Ordering::Relaxed);
+    }
+    FALLBACKS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clear();
+}
+
+/// Counts a fallback from Python code paths (`fastpjit.stats()["fallbacks"][reason]`).
+#[pyfunction]
+#[pyo3(name = "count_fallback")]
+pub fn py_count_fallback(reason: &str) {
+    count_fallback(reason);
+}

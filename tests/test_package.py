@@ -1,0 +1,18 @@
+"""The package surface: version, stats, and the typed stub."""
+
+import fastpjit
+
+
+def test_version_matches_the_native_module():
+    assert fastpjit.__version__ == fastpjit._core.__version__
+    assert fastpjit.__version__.count(".") == 2
+
+
+def test_stats_start_empty_and_count_fallbacks():
+    fastpjit.reset_stats()
+    assert fastpjit.stats() == {"cache_hits": 0, "cache_misses": 0, "compiles": 0, "fallbacks": {}}
+    fastpjit._core.count_fallback("test reason")
+    fastpjit._core.count_fallback("test reason")
+    assert fastpjit.stats()["fallbacks"] == {"test reason": 2}
+    fastpjit.reset_stats()
+    assert fastpjit.stats()["fallbacks"] == {}
