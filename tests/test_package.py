@@ -16,3 +16,15 @@ def test_stats_start_empty_and_count_fallbacks():
     assert fastpjit.stats()["fallbacks"] == {"test reason": 2}
     fastpjit.reset_stats()
     assert fastpjit.stats()["fallbacks"] == {}
+
+
+def test_stub_matches_the_native_module():
+    # mypy.stubtest checks every name and signature of _core.pyi against the binary.
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "mypy.stubtest", "fastpjit._core"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr

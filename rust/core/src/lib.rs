@@ -8,6 +8,7 @@ pub mod error;
 pub mod hlo_sharding;
 pub mod index_map;
 pub mod mesh;
+pub mod strided;
 pub mod tile;
 
 pub use error::ShardingError;

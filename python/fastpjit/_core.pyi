@@ -1,0 +1,33 @@
+"""Type stub of the native module fastpjit._core, checked against it by mypy.stubtest."""
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = [
+    "__version__",
+    "addressable_devices_indices_map",
+    "canonical_hlo_sharding",
+    "count_fallback",
+    "device_replica_id_map",
+    "devices_indices_map",
+    "indices_array",
+    "reset_stats",
+    "shard_shape",
+    "stats",
+]
+__version__: str
+
+def stats() -> dict[str, Any]: ...
+def reset_stats() -> None: ...
+def count_fallback(reason: str) -> None: ...
+def devices_indices_map(sharding: Any, global_shape: Sequence[int]) -> dict[Any, tuple[slice, ...]]: ...
+def addressable_devices_indices_map(
+    sharding: Any, global_shape: Sequence[int]
+) -> dict[Any, tuple[slice, ...]]: ...
+def shard_shape(sharding: Any, global_shape: Sequence[int]) -> tuple[int, ...]: ...
+def device_replica_id_map(sharding: Any, global_shape: Sequence[int]) -> dict[Any, int]: ...
+def indices_array(sharding: Any, global_shape: Sequence[int]) -> npt.NDArray[np.int64]: ...
+def canonical_hlo_sharding(text: str, num_devices: int) -> str: ...

@@ -1,0 +1,479 @@
+//! Copies between strided views of host memory: the byte-moving half of shard and unshard.
+//!
+//! A view is an element offset into a byte buffer plus a shape and byte strides, as numpy
+//! describes arrays. Copies coalesce dimensions into the longest contiguous runs, move each run
+//! with one `memcpy`, and split large copies over threads.
+
+use std::fmt;
+
+/// A strided view of a byte buffer: element `[i, j, ..]` starts at
+/// `offset + i * strides[0] + j * strides[1] + ..`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StridedView {
+    pub offset: usize,
+    pub shape: Vec<usize>,
+    pub strides: Vec<isize>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CopyError(pub String);
+
+impl fmt::Display for CopyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for CopyError {}
+
+impl StridedView {
+    /// The C-ordered view of a whole array of `shape` with elements of `itemsize` bytes.
+    pub fn contiguous(shape: &[usize], itemsize: usize) -> Self {
+        let mut strides = vec![0isize; shape.len()];
+        let mut step = itemsize as isize;
+        for axis in (0..shape.len()).rev() {
+            strides[axis] = step;
+            step *= shape[axis].max(1) as isize;
+        }
+        Self {
+            offset: 0,
+            shape: shape.to_vec(),
+            strides,
+        }
+    }
+
+    /// The sub-block `[start, stop)` of each dimension.
+    pub fn block(&self, bounds: &[(usize, usize)]) -> Result<Self, CopyError> {
+        if bounds.len() != self.shape.len() {
+            return Err(CopyError(format!(
+                "a block of rank {} taken from a view of rank {}",
+                bounds.len(),
+                self.shape.len()
+            )));
+        }
+        let mut offset = self.offset as isize;
+        let mut shape = Vec::with_capacity(bounds.len());
+        for ((&(start, stop), &size), &stride) in bounds.iter().zip(&self.shape).zip(&self.strides)
+        {
+            if start > stop || stop > size {
+                return Err(CopyError(format!(
+                    "block bounds {start}..{stop} fall outside a dimension of size {size}"
+                )));
+            }
+            offset += start as isize * stride;
+            shape.push(stop - start);
+        }
+        let offset = usize::try_from(offset)
+            .map_err(|_| CopyError("a block starts before its buffer".to_owned()))?;
+        Ok(Self {
+            offset,
+            shape,
+            strides: self.strides.clone(),
+        })
+    }
+
+    pub fn num_elements(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// The byte range `[lo, hi)` that the view touches, or `None` if it is empty.
+    fn extent(&self, itemsize: usize) -> Result<Option<(usize, usize)>, CopyError> {
+        if self.num_elements() == 0 {
+            return Ok(None);
+        }
+        let (mut lo, mut hi) = (self.offset as isize, self.offset as isize);
+        for (&size, &stride) in self.shape.iter().zip(&self.strides) {
+            let reach = (size as isize - 1) * stride;
+            if reach < 0 {
+                lo += reach;
+            } else {
+                hi += reach;
+            }
+        }
+        let lo = usize::try_from(lo)
+            .map_err(|_| CopyError("a view reaches before its buffer".to_owned()))?;
+        Ok(Some((lo, hi as usize + itemsize)))
+    }
+
+    fn check_within(&self, len: usize, itemsize: usize, what: &str) -> Result<(), CopyError> {
+        match self.extent(itemsize)? {
+            Some((_, hi)) if hi > len => Err(CopyError(format!(
+                "the {what} view reaches byte {hi} of a buffer of {len} bytes"
+            ))),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Dimensions merged where both views step through them contiguously; size-1 dims dropped.
+/// Returns `(shape, src_strides, dst_strides)`.
+fn coalesce(src: &StridedView, dst: &StridedView) -> (Vec<usize>, Vec<isize>, Vec<isize>) {
+    let mut shape: Vec<usize> = Vec::new();
+    let mut s: Vec<isize> = Vec::new();
+    let mut d: Vec<isize> = Vec::new();
+    for axis in 0..src.shape.len() {
+        let (size, ss, ds) = (src.shape[axis], src.strides[axis], dst.strides[axis]);
+        if size == 1 {
+            continue;
+        }
+        if let (Some(last_size), Some(last_s), Some(last_d)) =
+            (shape.last_mut(), s.last_mut(), d.last_mut())
+        {
+            if *last_s == ss * size as isize && *last_d == ds * size as isize {
+                *last_size *= size;
+                *last_s = ss;
+                *last_d = ds;
+                continue;
+            }
+        }
+        shape.push(size);
+        s.push(ss);
+        d.push(ds);
+    }
+    (shape, s, d)
+}
+
+/// Bytes above which a copy is split over threads.
+const PARALLEL_BYTES: usize = 8 << 20;
+
+/// Copies the elements of `src_view` over `src` into `dst_view` over `dst`.
+///
+/// Both views must have the same shape and lie inside their buffers, and `dst_view` must not
+/// write any byte twice (no zero or overlapping strides); all of this is checked.
+pub fn copy(
+    src: &[u8],
+    src_view: &StridedView,
+    dst: &mut [u8],
+    dst_view: &StridedView,
+    itemsize: usize,
+    max_threads: usize,
+) -> Result<(), CopyError> {
+    if src_view.shape != dst_view.shape {
+        return Err(CopyError(format!(
+            "cannot copy a view of shape {:?} into one of shape {:?}",
+            src_view.shape, dst_view.shape
+        )));
+    }
+    if src_view.num_elements() == 0 {
+        return Ok(());
+    }
+    src_view.check_within(src.len(), itemsize, "source")?;
+    dst_view.check_within(dst.len(), itemsize, "destination")?;
+    let (shape, src_strides, dst_strides) = coalesce(src_view, dst_view);
+    check_no_self_overlap(&shape, &dst_strides, itemsize)?;
+    let plan = Plan {
+        shape,
+        src_strides,
+        dst_strides,
+        itemsize,
+    };
+    let total = src_view.num_elements() * itemsize;
+    let threads = if total >= PARALLEL_BYTES {
+        max_threads.clamp(1, 16)
+    } else {
+        1
+    };
+    let outer = plan.shape.first().copied().unwrap_or(1);
+    let src_ptr = SendPtr(src.as_ptr().cast_mut());
+    let dst_ptr = SendPtr(dst.as_mut_ptr());
+    let (src_base, dst_base) = (src_view.offset, dst_view.offset);
+    if threads <= 1 || outer < 2 {
+        // SAFETY: the extents of both views were checked against their buffers above.
+        unsafe {
+            plan.run(
+                src_ptr.get().add(src_base),
+                dst_ptr.get().add(dst_base),
+                0..outer,
+            );
+        };
+        return Ok(());
+    }
+    let chunk = outer.div_ceil(threads.min(outer));
+    std::thread::scope(|scope| {
+        for start in (0..outer).step_by(chunk) {
+            let plan = &plan;
+            let (src_ptr, dst_ptr) = (src_ptr, dst_ptr);
+            scope.spawn(move || {
+                // SAFETY: as above; threads write disjoint outer slices of a destination that
+                // writes no byte twice.
+                unsafe {
+                    plan.run(
+                        src_ptr.get().add(src_base),
+                        dst_ptr.get().add(dst_base),
+                        start..(start + chunk).min(outer),
+                    );
+                }
+            });
+        }
+    });
+    Ok(())
+}
+
+/// Errors unless distinct elements of the (coalesced) destination land on distinct bytes.
+fn check_no_self_overlap(
+    shape: &[usize],
+    strides: &[isize],
+    itemsize: usize,
+) -> Result<(), CopyError> {
+    // Sorted by stride magnitude, each stride must clear the whole extent of the smaller ones.
+    let mut dims: Vec<(usize, usize)> = shape
+        .iter()
+        .zip(strides)
+        .map(|(&n, &s)| (s.unsigned_abs(), n))
+        .collect();
+    dims.sort_unstable();
+    let mut reach = itemsize;
+    for (stride, size) in dims {
+        if stride < reach {
+            return Err(CopyError(
+                "the destination view writes some bytes more than once".to_owned(),
+            ));
+        }
+        reach += stride * (size - 1);
+    }
+    Ok(())
+}
+
+#[derive(Clone, Copy)]
+struct SendPtr(*mut u8);
+// SAFETY: only used to hand disjoint regions of one buffer to scoped threads.
+unsafe impl Send for SendPtr {}
+unsafe impl Sync for SendPtr {}
+
+impl SendPtr {
+    /// Read through a method so that closures capture the `Send` wrapper, not the raw field.
+    fn get(self) -> *mut u8 {
+        self.0
+    }
+}
+
+struct Plan {
+    shape: Vec<usize>,
+    src_strides: Vec<isize>,
+    dst_strides: Vec<isize>,
+    itemsize: usize,
+}
+
+impl Plan {
+    /// Copies outer indices `outer` of the coalesced views based at `src` and `dst`.
+    ///
+    /// # Safety
+    /// Every byte the views reach from these bases must be valid to read (src) and write (dst),
+    /// and the two must not overlap.
+    unsafe fn run(&self, src: *const u8, dst: *mut u8, outer: std::ops::Range<usize>) {
+        let ndim = self.shape.len();
+        if ndim == 0 {
+            std::ptr::copy_nonoverlapping(src, dst, self.itemsize);
+            return;
+        }
+        let inner_contiguous = self.src_strides[ndim - 1] == self.itemsize as isize
+            && self.dst_strides[ndim - 1] == self.itemsize as isize;
+        // The innermost dim is one memcpy when both sides are contiguous in it.
+        let (loop_dims, run_bytes) = if inner_contiguous {
+            (ndim - 1, self.shape[ndim - 1] * self.itemsize)
+        } else {
+            (ndim, self.itemsize)
+        };
+        if loop_dims == 0 {
+            std::ptr::copy_nonoverlapping(src, dst, run_bytes);
+            return;
+        }
+        let mut counter = vec![0usize; loop_dims];
+        counter[0] = outer.start;
+        let mut s = src.offset(outer.start as isize * self.src_strides[0]);
+        let mut d = dst.offset(outer.start as isize * self.dst_strides[0]);
+        loop {
+            std::ptr::copy_nonoverlapping(s, d, run_bytes);
+            // Odometer increment; dimension 0 stops at `outer.end`.
+            let mut axis = loop_dims;
+            loop {
+                if axis == 0 {
+                    return;
+                }
+                axis -= 1;
+                counter[axis] += 1;
+                s = s.offset(self.src_strides[axis]);
+                d = d.offset(self.dst_strides[axis]);
+                let limit = if axis == 0 {
+                    outer.end
+                } else {
+                    self.shape[axis]
+                };
+                if counter[axis] < limit {
+                    break;
+                }
+                if axis == 0 {
+                    return;
+                }
+                s = s.offset(-(self.src_strides[axis] * counter[axis] as isize));
+                d = d.offset(-(self.dst_strides[axis] * counter[axis] as isize));
+                counter[axis] = 0;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bytes(values: &[u32]) -> Vec<u8> {
+        values.iter().flat_map(|v| v.to_ne_bytes()).collect()
+    }
+
+    fn words(bytes: &[u8]) -> Vec<u32> {
+        bytes
+            .chunks_exact(4)
+            .map(|c| u32::from_ne_bytes(c.try_into().unwrap()))
+            .collect()
+    }
+
+    #[test]
+    fn block_of_a_matrix_is_copied_out() {
+        // 4x6 matrix of 0..24; take rows 1..3, cols 2..5.
+        let src = bytes(&(0..24).collect::<Vec<_>>());
+        let view = StridedView::contiguous(&[4, 6], 4)
+            .block(&[(1, 3), (2, 5)])
+            .unwrap();
+        let mut dst = vec![0u8; 6 * 4];
+        copy(
+            &src,
+            &view,
+            &mut dst,
+            &StridedView::contiguous(&[2, 3], 4),
+            4,
+            1,
+        )
+        .unwrap();
+        assert_eq!(words(&dst), vec![8, 9, 10, 14, 15, 16]);
+    }
+
+    #[test]
+    fn block_is_copied_back_in() {
+        let shard = bytes(&[1, 2, 3, 4]);
+        let mut full = vec![0u8; 16 * 4];
+        let place = StridedView::contiguous(&[4, 4], 4)
+            .block(&[(2, 4), (0, 2)])
+            .unwrap();
+        copy(
+            &shard,
+            &StridedView::contiguous(&[2, 2], 4),
+            &mut full,
+            &place,
+            4,
+            1,
+        )
+        .unwrap();
+        let out = words(&full);
+        assert_eq!((out[8], out[9], out[12], out[13]), (1, 2, 3, 4));
+        assert_eq!(out.iter().filter(|&&v| v != 0).count(), 4);
+    }
+
+    #[test]
+    fn transposed_and_reversed_sources() {
+        // A 3x2 Fortran-ordered view of a 2x3 buffer [[0,1,2],[3,4,5]] (its transpose).
+        let src = bytes(&[0, 1, 2, 3, 4, 5]);
+        let transposed = StridedView {
+            offset: 0,
+            shape: vec![3, 2],
+            strides: vec![4, 12],
+        };
+        let mut dst = vec![0u8; 24];
+        copy(
+            &src,
+            &transposed,
+            &mut dst,
+            &StridedView::contiguous(&[3, 2], 4),
+            4,
+            1,
+        )
+        .unwrap();
+        assert_eq!(words(&dst), vec![0, 3, 1, 4, 2, 5]);
+        let reversed = StridedView {
+            offset: 20,
+            shape: vec![6],
+            strides: vec![-4],
+        };
+        copy(
+            &src,
+            &reversed,
+            &mut dst,
+            &StridedView::contiguous(&[6], 4),
+            4,
+            1,
+        )
+        .unwrap();
+        assert_eq!(words(&dst), vec![5, 4, 3, 2, 1, 0]);
+    }
+
+    #[test]
+    fn threads_give_the_same_bytes() {
+        let n = (PARALLEL_BYTES / 4) * 2 + 7;
+        let src = bytes(&(0..n as u32).collect::<Vec<_>>());
+        let rows = n / 7;
+        let view = StridedView::contiguous(&[rows, 7], 4);
+        let mut one = vec![0u8; rows * 7 * 4];
+        let mut many = vec![0u8; rows * 7 * 4];
+        let strided = StridedView {
+            offset: 0,
+            shape: vec![rows, 7],
+            strides: vec![28, 4],
+        };
+        copy(&src, &strided, &mut one, &view, 4, 1).unwrap();
+        copy(&src, &strided, &mut many, &view, 4, 4).unwrap();
+        assert_eq!(one, many);
+        assert_eq!(&words(&one)[..3], &[0, 1, 2]);
+    }
+
+    #[test]
+    fn scalars_and_empty_views() {
+        let src = bytes(&[42]);
+        let mut dst = vec![0u8; 4];
+        copy(
+            &src,
+            &StridedView::contiguous(&[], 4),
+            &mut dst,
+            &StridedView::contiguous(&[], 4),
+            4,
+            1,
+        )
+        .unwrap();
+        assert_eq!(words(&dst), vec![42]);
+        let empty = StridedView::contiguous(&[0, 3], 4);
+        copy(&[], &empty, &mut [], &empty, 4, 1).unwrap();
+    }
+
+    #[test]
+    fn out_of_bounds_and_overlapping_views_are_rejected() {
+        let src = bytes(&[0, 1, 2, 3]);
+        let mut dst = vec![0u8; 16];
+        let too_long = StridedView::contiguous(&[5], 4);
+        assert!(copy(&src, &too_long, &mut [0u8; 20], &too_long, 4, 1).is_err());
+        let broadcast = StridedView {
+            offset: 0,
+            shape: vec![4],
+            strides: vec![0],
+        };
+        assert!(copy(
+            &src,
+            &StridedView::contiguous(&[4], 4),
+            &mut dst,
+            &broadcast,
+            4,
+            1
+        )
+        .is_err());
+        // A broadcast source is fine: reading a byte twice is harmless.
+        copy(
+            &src,
+            &broadcast,
+            &mut dst,
+            &StridedView::contiguous(&[4], 4),
+            4,
+            1,
+        )
+        .unwrap();
+        assert_eq!(words(&dst), vec![0, 0, 0, 0]);
+        assert!(StridedView::contiguous(&[4], 4).block(&[(2, 5)]).is_err());
+    }
+}
