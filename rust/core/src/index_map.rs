@@ -91,16 +91,16 @@ impl IndexMap {
 
     /// The `[start, stop)` bounds of tile `tile` in every dimension.
     pub fn tile_bounds(&self, tile: usize) -> impl Iterator<Item = (usize, usize)> + '_ {
-        let mut rest = tile;
-        let mut coords = vec![0usize; self.ndim()];
-        for axis in (0..self.ndim()).rev() {
-            coords[axis] = rest % self.partitions[axis];
-            rest /= self.partitions[axis];
-        }
-        coords
-            .into_iter()
+        // Tile ids are row-major over `partitions`; walk the divisors from the last axis out.
+        let mut divisor = self.num_tiles();
+        self.partitions
+            .iter()
             .zip(&self.shard_shape)
-            .map(|(coord, &size)| (coord * size, (coord + 1) * size))
+            .map(move |(&parts, &size)| {
+                divisor /= parts;
+                let coord = (tile / divisor) % parts;
+                (coord * size, (coord + 1) * size)
+            })
     }
 
     /// The `[start, stop)` bounds that device position `device` holds in every dimension.
@@ -120,15 +120,11 @@ impl IndexMap {
         if ndim == 0 {
             return;
         }
-        let mut per_tile: Vec<Option<Vec<i64>>> = vec![None; self.num_tiles()];
-        for (device, chunk) in out.chunks_exact_mut(ndim * 2).enumerate() {
-            let tile = self.tile_of_device[device];
-            let bounds = per_tile[tile].get_or_insert_with(|| {
-                self.tile_bounds(tile)
-                    .flat_map(|(start, stop)| [start as i64, stop as i64])
-                    .collect()
-            });
-            chunk.copy_from_slice(bounds);
+        for (chunk, &tile) in out.chunks_exact_mut(ndim * 2).zip(&self.tile_of_device) {
+            for (pair, (start, stop)) in chunk.chunks_exact_mut(2).zip(self.tile_bounds(tile)) {
+                pair[0] = start as i64;
+                pair[1] = stop as i64;
+            }
         }
     }
 

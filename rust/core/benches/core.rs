@@ -1,0 +1,49 @@
+//! Criterion benchmarks of the pure core: index maps of large meshes, and shard copies.
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use fastpjit_core::strided::{copy, StridedView};
+use fastpjit_core::{IndexMap, MeshAxes, NamedSpec};
+
+fn index_maps(c: &mut Criterion) {
+    let mut group = c.benchmark_group("index_map");
+    for (sizes, shape) in [
+        ([2usize, 4], [64usize, 64]),
+        ([64, 64], [4096, 4096]),
+        ([64, 512], [4096, 8192]),
+    ] {
+        let devices: usize = sizes.iter().product();
+        let mesh = MeshAxes::new(vec!["x".into(), "y".into()], sizes.to_vec()).unwrap();
+        let spec = NamedSpec::new(vec![vec!["x".into()], vec!["y".into()]]);
+        group.throughput(Throughput::Elements(devices as u64));
+        group.bench_with_input(BenchmarkId::from_parameter(devices), &devices, |b, &n| {
+            b.iter(|| {
+                let layout = spec.to_layout(&mesh, 2, None).unwrap();
+                let map = IndexMap::new(&layout, &shape, n).unwrap();
+                let mut out = vec![0i64; n * 4];
+                map.write_bounds(&mut out);
+                out
+            });
+        });
+    }
+    group.finish();
+}
+
+fn shard_copies(c: &mut Criterion) {
+    let mut group = c.benchmark_group("copy_rows_of_8192x1024_f32");
+    let shape = [8192usize, 1024];
+    let src = vec![1u8; shape[0] * shape[1] * 4];
+    let full = StridedView::contiguous(&shape, 4);
+    let block = full.block(&[(0, 1024), (0, 1024)]).unwrap();
+    let mut dst = vec![0u8; 1024 * 1024 * 4];
+    let out = StridedView::contiguous(&[1024, 1024], 4);
+    group.throughput(Throughput::Bytes(dst.len() as u64));
+    for threads in [1usize, 2] {
+        group.bench_with_input(BenchmarkId::new("threads", threads), &threads, |b, &t| {
+            b.iter(|| copy(&src, &block, &mut dst, &out, 4, t).unwrap());
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, index_maps, shard_copies);
+criterion_main!(benches);
