@@ -22,7 +22,7 @@ fn index_map<'py>(
 }
 
 /// Reads `global_shape`, naming the argument when it is not a sequence of non-negative ints.
-fn shape_arg(global_shape: &Bound<'_, PyAny>) -> PyResult<Vec<usize>> {
+pub fn shape_arg(global_shape: &Bound<'_, PyAny>) -> PyResult<Vec<usize>> {
     let bad = || {
         let given = global_shape
             .repr()
@@ -108,28 +108,49 @@ fn addressable_positions(py: Python<'_>, devices: &[Bound<'_, PyAny>]) -> PyResu
     Ok(out)
 }
 
+/// A device of a sharding with the index tuple of the slice it holds.
+pub struct IndexedDevice<'py> {
+    pub device: Bound<'py, PyAny>,
+    pub index: Bound<'py, PyTuple>,
+}
+
+/// The devices of `sharding` (all, or those this process addresses) with their indices, in
+/// device-assignment order, which is the order jaxlib expects shards in.
+pub fn indexed_devices<'py>(
+    sharding: &Bound<'py, PyAny>,
+    global_shape: &[usize],
+    addressable_only: bool,
+) -> PyResult<(IndexMap, Vec<IndexedDevice<'py>>)> {
+    let py = sharding.py();
+    let (view, map) = index_map(sharding, global_shape)?;
+    let devices = devices_of(&view)?;
+    let tiles = tile_indices(py, &map)?;
+    let positions = if addressable_only {
+        addressable_positions(py, devices)?
+    } else {
+        (0..devices.len()).collect()
+    };
+    let out = positions
+        .into_iter()
+        .map(|position| IndexedDevice {
+            device: devices[position].clone(),
+            index: tiles[map.tile_of_device()[position]]
+                .clone()
+                .expect("every tile held is built"),
+        })
+        .collect();
+    Ok((map, out))
+}
+
 fn indices_dict<'py>(
-    py: Python<'py>,
     sharding: &Bound<'py, PyAny>,
     global_shape: &[usize],
     addressable_only: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let (view, map) = index_map(sharding, global_shape)?;
-    let devices = devices_of(&view)?;
-    let tiles = tile_indices(py, &map)?;
-    let out = PyDict::new(py);
-    let mut put = |position: usize| {
-        let index = tiles[map.tile_of_device()[position]]
-            .as_ref()
-            .expect("every tile held is built");
-        out.set_item(&devices[position], index)
-    };
-    if addressable_only {
-        addressable_positions(py, devices)?
-            .into_iter()
-            .try_for_each(&mut put)?;
-    } else {
-        (0..devices.len()).try_for_each(&mut put)?;
+    let (_, devices) = indexed_devices(sharding, global_shape, addressable_only)?;
+    let out = PyDict::new(sharding.py());
+    for IndexedDevice { device, index } in devices {
+        out.set_item(device, index)?;
     }
     Ok(out)
 }
@@ -137,22 +158,20 @@ fn indices_dict<'py>(
 /// `{device: index}` for every device of `sharding`, equal to JAX's `devices_indices_map`.
 #[pyfunction]
 pub fn devices_indices_map<'py>(
-    py: Python<'py>,
     sharding: &Bound<'py, PyAny>,
     global_shape: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    indices_dict(py, sharding, &shape_arg(global_shape)?, false)
+    indices_dict(sharding, &shape_arg(global_shape)?, false)
 }
 
 /// `{device: index}` for the devices this process addresses, equal to JAX's
 /// `addressable_devices_indices_map`.
 #[pyfunction]
 pub fn addressable_devices_indices_map<'py>(
-    py: Python<'py>,
     sharding: &Bound<'py, PyAny>,
     global_shape: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    indices_dict(py, sharding, &shape_arg(global_shape)?, true)
+    indices_dict(sharding, &shape_arg(global_shape)?, true)
 }
 
 /// The shape of each shard, equal to JAX's `sharding.shard_shape`.

@@ -136,6 +136,38 @@ fn coalesce(src: &StridedView, dst: &StridedView) -> (Vec<usize>, Vec<isize>, Ve
 /// Bytes above which a copy is split over threads.
 const PARALLEL_BYTES: usize = 8 << 20;
 
+/// Checks that two views of equal shape lie inside buffers of `src_len` and `dst_len` bytes,
+/// that the destination writes no byte twice, and plans the copy.
+fn plan(
+    src_len: usize,
+    src_view: &StridedView,
+    dst_len: usize,
+    dst_view: &StridedView,
+    itemsize: usize,
+) -> Result<Plan, CopyError> {
+    if src_view.shape != dst_view.shape {
+        return Err(CopyError(format!(
+            "cannot copy a view of shape {:?} into one of shape {:?}",
+            src_view.shape, dst_view.shape
+        )));
+    }
+    src_view.check_within(src_len, itemsize, "source")?;
+    dst_view.check_within(dst_len, itemsize, "destination")?;
+    let (shape, src_strides, dst_strides) = coalesce(src_view, dst_view);
+    if src_view.num_elements() > 0 {
+        check_no_self_overlap(&shape, &dst_strides, itemsize)?;
+    }
+    Ok(Plan {
+        shape,
+        src_strides,
+        dst_strides,
+        itemsize,
+        src_offset: src_view.offset,
+        dst_offset: dst_view.offset,
+        elements: src_view.num_elements(),
+    })
+}
+
 /// Copies the elements of `src_view` over `src` into `dst_view` over `dst`.
 ///
 /// Both views must have the same shape and lie inside their buffers, and `dst_view` must not
@@ -148,64 +180,137 @@ pub fn copy(
     itemsize: usize,
     max_threads: usize,
 ) -> Result<(), CopyError> {
-    if src_view.shape != dst_view.shape {
-        return Err(CopyError(format!(
-            "cannot copy a view of shape {:?} into one of shape {:?}",
-            src_view.shape, dst_view.shape
-        )));
-    }
-    if src_view.num_elements() == 0 {
-        return Ok(());
-    }
-    src_view.check_within(src.len(), itemsize, "source")?;
-    dst_view.check_within(dst.len(), itemsize, "destination")?;
-    let (shape, src_strides, dst_strides) = coalesce(src_view, dst_view);
-    check_no_self_overlap(&shape, &dst_strides, itemsize)?;
-    let plan = Plan {
-        shape,
-        src_strides,
-        dst_strides,
-        itemsize,
-    };
-    let total = src_view.num_elements() * itemsize;
-    let threads = if total >= PARALLEL_BYTES {
+    let plan = plan(src.len(), src_view, dst.len(), dst_view, itemsize)?;
+    let threads = if plan.bytes() >= PARALLEL_BYTES {
         max_threads.clamp(1, 16)
     } else {
         1
     };
     let outer = plan.shape.first().copied().unwrap_or(1);
-    let src_ptr = SendPtr(src.as_ptr().cast_mut());
-    let dst_ptr = SendPtr(dst.as_mut_ptr());
-    let (src_base, dst_base) = (src_view.offset, dst_view.offset);
+    let (src_ptr, dst_ptr) = (SendPtr(src.as_ptr().cast_mut()), SendPtr(dst.as_mut_ptr()));
     if threads <= 1 || outer < 2 {
-        // SAFETY: the extents of both views were checked against their buffers above.
-        unsafe {
-            plan.run(
-                src_ptr.get().add(src_base),
-                dst_ptr.get().add(dst_base),
-                0..outer,
-            );
-        };
+        // SAFETY: `plan` checked the extents of both views against their buffers.
+        unsafe { plan.run(src_ptr.get(), dst_ptr.get(), 0..outer) };
         return Ok(());
     }
     let chunk = outer.div_ceil(threads.min(outer));
     std::thread::scope(|scope| {
         for start in (0..outer).step_by(chunk) {
             let plan = &plan;
-            let (src_ptr, dst_ptr) = (src_ptr, dst_ptr);
             scope.spawn(move || {
                 // SAFETY: as above; threads write disjoint outer slices of a destination that
                 // writes no byte twice.
                 unsafe {
                     plan.run(
-                        src_ptr.get().add(src_base),
-                        dst_ptr.get().add(dst_base),
+                        src_ptr.get(),
+                        dst_ptr.get(),
                         start..(start + chunk).min(outer),
                     );
-                }
+                };
             });
         }
     });
+    Ok(())
+}
+
+/// One shard to place into a whole array: its bytes, the view of them, and the block of the
+/// array (`[start, stop)` per dimension) that it fills.
+pub struct Placement<'a> {
+    pub src: &'a [u8],
+    pub view: StridedView,
+    pub bounds: Vec<(usize, usize)>,
+}
+
+/// Copies every placement into its block of `dst`, a C-ordered array of `shape`.
+///
+/// Blocks must not overlap (checked). Large work is spread over up to `max_threads` threads:
+/// whole shards per thread when there are several, rows of the one shard otherwise.
+pub fn assemble(
+    dst: &mut [u8],
+    shape: &[usize],
+    itemsize: usize,
+    placements: &[Placement<'_>],
+    max_threads: usize,
+) -> Result<(), CopyError> {
+    let whole = StridedView::contiguous(shape, itemsize);
+    let needed = whole.num_elements() * itemsize;
+    if dst.len() != needed {
+        return Err(CopyError(format!(
+            "the destination has {} bytes, but an array of shape {shape:?} needs {needed}",
+            dst.len()
+        )));
+    }
+    check_disjoint(placements)?;
+    if let [only] = placements {
+        return copy(
+            only.src,
+            &only.view,
+            dst,
+            &whole.block(&only.bounds)?,
+            itemsize,
+            max_threads,
+        );
+    }
+    let plans = placements
+        .iter()
+        .map(|p| {
+            plan(
+                p.src.len(),
+                &p.view,
+                dst.len(),
+                &whole.block(&p.bounds)?,
+                itemsize,
+            )
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let total: usize = plans.iter().map(Plan::bytes).sum();
+    let threads = if total >= PARALLEL_BYTES {
+        max_threads.clamp(1, 16).min(plans.len())
+    } else {
+        1
+    };
+    let dst_ptr = SendPtr(dst.as_mut_ptr());
+    let sources: Vec<SendPtr> = placements
+        .iter()
+        .map(|p| SendPtr(p.src.as_ptr().cast_mut()))
+        .collect();
+    let run_share = |share: usize| {
+        for (plan, src) in plans.iter().zip(&sources).skip(share).step_by(threads) {
+            let outer = plan.shape.first().copied().unwrap_or(1);
+            // SAFETY: each plan was checked against its buffers, and the blocks are disjoint.
+            unsafe { plan.run(src.get(), dst_ptr.get(), 0..outer) };
+        }
+    };
+    if threads <= 1 {
+        run_share(0);
+    } else {
+        std::thread::scope(|scope| {
+            for share in 0..threads {
+                let run_share = &run_share;
+                scope.spawn(move || run_share(share));
+            }
+        });
+    }
+    Ok(())
+}
+
+/// Errors if any two placements' blocks share an element.
+fn check_disjoint(placements: &[Placement<'_>]) -> Result<(), CopyError> {
+    for (i, a) in placements.iter().enumerate() {
+        for b in &placements[..i] {
+            let overlap = a
+                .bounds
+                .iter()
+                .zip(&b.bounds)
+                .all(|(&(a0, a1), &(b0, b1))| a0.max(b0) < a1.min(b1));
+            if overlap && !a.bounds.is_empty() {
+                return Err(CopyError(format!(
+                    "shards for blocks {:?} and {:?} overlap",
+                    b.bounds, a.bounds
+                )));
+            }
+        }
+    }
     Ok(())
 }
 
@@ -247,20 +352,32 @@ impl SendPtr {
     }
 }
 
+/// A checked copy between two coalesced views, relative to their buffers' starts.
 struct Plan {
     shape: Vec<usize>,
     src_strides: Vec<isize>,
     dst_strides: Vec<isize>,
     itemsize: usize,
+    src_offset: usize,
+    dst_offset: usize,
+    elements: usize,
 }
 
 impl Plan {
-    /// Copies outer indices `outer` of the coalesced views based at `src` and `dst`.
+    fn bytes(&self) -> usize {
+        self.elements * self.itemsize
+    }
+
+    /// Copies outer indices `outer` of the views over the buffers starting at `src` and `dst`.
     ///
     /// # Safety
-    /// Every byte the views reach from these bases must be valid to read (src) and write (dst),
-    /// and the two must not overlap.
+    /// The buffers must be those the plan was checked against, valid to read (src) and write
+    /// (dst), not overlapping each other, and no other thread may write the same bytes.
     unsafe fn run(&self, src: *const u8, dst: *mut u8, outer: std::ops::Range<usize>) {
+        if self.elements == 0 {
+            return;
+        }
+        let (src, dst) = (src.add(self.src_offset), dst.add(self.dst_offset));
         let ndim = self.shape.len();
         if ndim == 0 {
             std::ptr::copy_nonoverlapping(src, dst, self.itemsize);
@@ -475,5 +592,91 @@ mod tests {
         .unwrap();
         assert_eq!(words(&dst), vec![0, 0, 0, 0]);
         assert!(StridedView::contiguous(&[4], 4).block(&[(2, 5)]).is_err());
+    }
+
+    #[test]
+    fn assemble_places_every_shard() {
+        // A 4x4 array from four 2x2 shards, one of them Fortran-ordered.
+        let shards: Vec<Vec<u8>> = (0..4u32)
+            .map(|k| bytes(&[k * 10, k * 10 + 1, k * 10 + 2, k * 10 + 3]))
+            .collect();
+        let c = StridedView::contiguous(&[2, 2], 4);
+        let f = StridedView {
+            offset: 0,
+            shape: vec![2, 2],
+            strides: vec![4, 8],
+        };
+        let placements: Vec<Placement> = shards
+            .iter()
+            .enumerate()
+            .map(|(k, src)| Placement {
+                src,
+                view: if k == 3 { f.clone() } else { c.clone() },
+                bounds: vec![
+                    ((k / 2) * 2, (k / 2) * 2 + 2),
+                    ((k % 2) * 2, (k % 2) * 2 + 2),
+                ],
+            })
+            .collect();
+        for threads in [1, 4] {
+            let mut dst = vec![0u8; 64];
+            assemble(&mut dst, &[4, 4], 4, &placements, threads).unwrap();
+            assert_eq!(
+                words(&dst),
+                vec![0, 1, 10, 11, 2, 3, 12, 13, 20, 21, 30, 32, 22, 23, 31, 33]
+            );
+        }
+    }
+
+    #[test]
+    fn assemble_rejects_overlaps_and_bad_sizes() {
+        let src = bytes(&[1, 2]);
+        let view = StridedView::contiguous(&[2], 4);
+        let same = |bounds: Vec<(usize, usize)>| Placement {
+            src: &src,
+            view: view.clone(),
+            bounds,
+        };
+        let mut dst = vec![0u8; 12];
+        assert!(assemble(
+            &mut dst,
+            &[3],
+            4,
+            &[same(vec![(0, 2)]), same(vec![(1, 3)])],
+            1
+        )
+        .is_err());
+        assert!(assemble(&mut dst, &[4], 4, &[same(vec![(0, 2)])], 1).is_err());
+        assert!(assemble(&mut dst, &[3], 4, &[same(vec![(0, 3)])], 1).is_err());
+    }
+
+    #[test]
+    fn large_assembly_uses_threads_and_matches() {
+        let rows = PARALLEL_BYTES / (64 * 4) + 8;
+        let half = rows / 2;
+        let top = bytes(&(0..(half * 64) as u32).collect::<Vec<_>>());
+        let bottom = bytes(
+            &(0..((rows - half) * 64) as u32)
+                .map(|v| v + 7)
+                .collect::<Vec<_>>(),
+        );
+        let placements = [
+            Placement {
+                src: &top,
+                view: StridedView::contiguous(&[half, 64], 4),
+                bounds: vec![(0, half), (0, 64)],
+            },
+            Placement {
+                src: &bottom,
+                view: StridedView::contiguous(&[rows - half, 64], 4),
+                bounds: vec![(half, rows), (0, 64)],
+            },
+        ];
+        let mut one = vec![0u8; rows * 64 * 4];
+        let mut two = vec![0u8; rows * 64 * 4];
+        assemble(&mut one, &[rows, 64], 4, &placements, 1).unwrap();
+        assemble(&mut two, &[rows, 64], 4, &placements, 2).unwrap();
+        assert_eq!(one, two);
+        assert_eq!(words(&one)[half * 64], 7);
     }
 }
