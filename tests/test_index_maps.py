@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from jax._src import sharding as jax_sharding
 from jax._src.named_sharding import DuplicateSpecError as JaxDuplicateSpecError
 from jax._src.op_shardings import op_sharding_to_indices
+from jax._src.sharding_impls import GSPMDSharding
 from jax._src.sharding_impls import device_replica_id_map as jax_device_replica_id_map
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
@@ -266,6 +267,21 @@ def test_logical_device_ids_reorder_like_jax(case, data):
     ids = tuple(data.draw(st.permutations(range(sharding.mesh.size))))
     reordered = NamedSharding(sharding.mesh, sharding.spec, _logical_device_ids=ids)
     assert_matches_jax(reordered, shape)
+
+
+@given(named_shardings(), st.booleans(), st.data())
+def test_named_sharding_lowered_to_gspmd_indexes_alike(case, reorder, data):
+    # The GSPMD path reads the HloSharding text that XLA prints for JAX's lowering.
+    sharding, shape, _ = case
+    if reorder:
+        ids = tuple(data.draw(st.permutations(range(sharding.mesh.size))))
+        sharding = NamedSharding(sharding.mesh, sharding.spec, _logical_device_ids=ids)
+    devices = tuple(sharding.mesh.devices.flat)
+    lowered = GSPMDSharding(devices, sharding._to_xla_hlo_sharding(len(shape)))
+    assert fastpjit.devices_indices_map(lowered, shape) == sharding.devices_indices_map(shape)
+    np.testing.assert_array_equal(
+        fastpjit.indices_array(lowered, shape), fastpjit.indices_array(sharding, shape)
+    )
 
 
 @given(named_shardings(min_multiple=0, max_multiple=2))
