@@ -1,6 +1,7 @@
 """fastpjit: JAX's pmap and jit with a Rust runtime core.
 
-This release has the foundation: sharding index maps computed in Rust, equal to JAX's.
+So far: sharding index maps computed in Rust, equal to JAX's, and device_put/device_get with
+the shard and unshard work done in Rust.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from fastpjit.sharding import (
     parse_hlo_sharding,
     shard_shape,
 )
+from fastpjit.transfer import device_get, device_put
 
 __all__ = [
     "DuplicateSpecError",
@@ -23,6 +25,8 @@ __all__ = [
     "ShardingRankError",
     "__version__",
     "addressable_devices_indices_map",
+    "device_get",
+    "device_put",
     "device_replica_id_map",
     "devices_indices_map",
     "indices_array",

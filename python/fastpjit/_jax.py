@@ -7,8 +7,12 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from jax._src import sharding as _sharding
+import numpy as np
+from jax._src import core as _core
+from jax._src import dispatch as _dispatch
+from jax._src import dtypes as _dtypes
 from jax._src import named_sharding as _named_sharding
+from jax._src import sharding as _sharding
 from jax._src.lib import xla_client as xc
 from jax._src.sharding_impls import GSPMDSharding
 
@@ -17,6 +21,14 @@ DuplicateSpecError = _named_sharding.DuplicateSpecError
 
 __all__ = [
     "DuplicateSpecError",
+    "batched_device_put",
+    "cache_host_value",
+    "cached_host_value",
+    "canonical_dtype",
+    "copy_to_host_async",
+    "device_put_aval",
+    "host_view",
+    "python_scalar_dtype",
     "GSPMDSharding",
     "IndivisibleError",
     "gspmd_sharding",
@@ -38,3 +50,81 @@ def logical_device_ids(sharding: Any) -> tuple[int, ...] | None:
 def gspmd_sharding(devices: Sequence[Any], hlo_text: str) -> GSPMDSharding:
     """A GSPMDSharding over `devices` from text that fastpjit's parser has checked."""
     return GSPMDSharding(tuple(devices), xc.HloSharding.from_string(hlo_text))
+
+
+# Transfers: the pieces of jax.device_put and np.asarray(jax.Array) that fastpjit's Rust shard
+# path calls. Rust fetches these names once and calls them per new plan or per array.
+
+batched_device_put = xc.batched_device_put
+
+
+def device_put_aval(shape: tuple[int, ...], dtype: np.dtype, weak_type: bool, sharding: Any) -> Any:
+    """The aval that jax.device_put gives an array of this shape and dtype on `sharding`."""
+    return _dispatch.update_dp_aval(_core.ShapedArray(shape, dtype, weak_type=weak_type), sharding)
+
+
+def canonical_dtype(dtype: Any) -> np.dtype:
+    """The dtype JAX stores for `dtype` (float64 becomes float32 without x64); TypeError if none."""
+    dtype = np.dtype(dtype)
+    _dtypes.check_valid_dtype(dtype)
+    return np.dtype(_dtypes.canonicalize_dtype(dtype))
+
+
+def python_scalar_dtype(kind: type) -> np.dtype:
+    """The canonical dtype of a Python scalar type (bool, int, float, complex)."""
+    return np.dtype(_dtypes.canonicalize_dtype(_dtypes.python_scalar_types_to_dtypes[kind]))
+
+
+def copy_to_host_async(single: Any) -> None:
+    """Starts the device-to-host copy of a single-device array (a no-op on CPU)."""
+    single._copy_single_device_array_to_host_async()
+
+
+def host_view(single: Any) -> np.ndarray:
+    """A numpy view (a copy where the platform needs one) of a single-device array."""
+    return single._single_device_array_to_np_array_did_copy()[0]
+
+
+def cached_host_value(array: Any) -> np.ndarray | None:
+    """The numpy value that np.asarray already made of `array`, if any."""
+    return array._npy_value
+
+
+def cache_host_value(array: Any, value: np.ndarray) -> None:
+    """Stores `value` where np.asarray(array) will find it."""
+    array._npy_value = value
+
+
+# For benchmarks and tests
+
+from jax._src import op_shardings as _op_shardings  # noqa: E402
+from jax._src import sharding_impls as _sharding_impls  # noqa: E402
+from jax._src import util as _util  # noqa: E402
+
+_INDEX_MAP_CACHES = (
+    _sharding.common_devices_indices_map,
+    _sharding._addressable_devices_indices_map,
+    _sharding._common_shard_shape,
+    _named_sharding.named_sharding_to_xla_hlo_sharding,
+    _sharding_impls.device_replica_id_map,
+)
+
+
+def clear_index_map_caches() -> None:
+    """Empties JAX's memo caches on the devices_indices_map path, so its next call runs cold."""
+    for cache in _INDEX_MAP_CACHES:
+        cache.cache_clear()
+
+
+def jax_cache_counts() -> tuple[int, int]:
+    """(hits, misses) so far, summed over every cache that JAX registers."""
+    infos = [cache.cache_info() for cache in list(_util._caches) if hasattr(cache, "cache_info")]
+    return sum(info.hits for info in infos), sum(info.misses for info in infos)
+
+
+def jax_indices_from_named(
+    sharding: Any, shape: tuple[int, ...], num_devices: int
+) -> tuple[tuple[slice, ...], ...]:
+    """JAX's own per-position indices of a NamedSharding, abstract meshes included."""
+    hlo = _named_sharding.named_sharding_to_xla_hlo_sharding(sharding, len(shape))
+    return _op_shardings.op_sharding_to_indices(hlo, shape, num_devices)

@@ -112,6 +112,8 @@ fn addressable_positions(py: Python<'_>, devices: &[Bound<'_, PyAny>]) -> PyResu
 pub struct IndexedDevice<'py> {
     pub device: Bound<'py, PyAny>,
     pub index: Bound<'py, PyTuple>,
+    /// The tile id that the core's `IndexMap` gives this device's slice.
+    pub tile: usize,
 }
 
 /// The devices of `sharding` (all, or those this process addresses) with their indices, in
@@ -132,11 +134,13 @@ pub fn indexed_devices<'py>(
     };
     let out = positions
         .into_iter()
-        .map(|position| IndexedDevice {
-            device: devices[position].clone(),
-            index: tiles[map.tile_of_device()[position]]
-                .clone()
-                .expect("every tile held is built"),
+        .map(|position| {
+            let tile = map.tile_of_device()[position];
+            IndexedDevice {
+                device: devices[position].clone(),
+                index: tiles[tile].clone().expect("every tile held is built"),
+                tile,
+            }
         })
         .collect();
     Ok((map, out))
@@ -149,7 +153,7 @@ fn indices_dict<'py>(
 ) -> PyResult<Bound<'py, PyDict>> {
     let (_, devices) = indexed_devices(sharding, global_shape, addressable_only)?;
     let out = PyDict::new(sharding.py());
-    for IndexedDevice { device, index } in devices {
+    for IndexedDevice { device, index, .. } in devices {
         out.set_item(device, index)?;
     }
     Ok(out)

@@ -1,9 +1,11 @@
 //! `fastpjit._core`: the `PyO3` layer over `fastpjit_core`. It converts types and nothing more.
 
+mod cache;
 mod errors;
 mod index_maps;
 mod sharding;
 mod stats;
+mod transfer;
 
 use pyo3::prelude::*;
 
@@ -22,5 +24,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(index_maps::device_replica_id_map, m)?)?;
     m.add_function(wrap_pyfunction!(index_maps::indices_array, m)?)?;
     m.add_function(wrap_pyfunction!(index_maps::canonical_hlo_sharding, m)?)?;
+    m.add_function(wrap_pyfunction!(transfer::device_put_leaf, m)?)?;
+    m.add_function(wrap_pyfunction!(transfer::device_get_leaf, m)?)?;
+    m.add_function(wrap_pyfunction!(transfer::transfer_cache_sizes, m)?)?;
     Ok(())
 }

@@ -1,0 +1,424 @@
+//! Host arrays to sharded device arrays and back: the shard path that `device_put` and
+//! `device_get` use, and that the jit and pmap dispatchers call for host arguments.
+
+use std::sync::Arc;
+
+use fastpjit_core::strided::{assemble, Placement, StridedView};
+use numpy::{PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::exceptions::{PyRuntimeError, PyTypeError};
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBool, PyComplex, PyFloat, PyInt, PyList, PyTuple, PyType};
+
+use crate::cache::BoundedCache;
+use crate::index_maps::indexed_devices;
+use crate::sharding::private;
+
+/// Python callables and types that the shard path uses, fetched once.
+struct Handles {
+    batched_device_put: Py<PyAny>,
+    device_put_aval: Py<PyAny>,
+    canonical_dtype: Py<PyAny>,
+    python_scalar_dtype: Py<PyAny>,
+    copy_to_host_async: Py<PyAny>,
+    host_view: Py<PyAny>,
+    cached_host_value: Py<PyAny>,
+    cache_host_value: Py<PyAny>,
+    asarray: Py<PyAny>,
+    empty: Py<PyAny>,
+    ndarray: Py<PyType>,
+    numpy_scalar: Py<PyType>,
+    jax_array: Py<PyType>,
+}
+
+static HANDLES: PyOnceLock<Handles> = PyOnceLock::new();
+
+fn handles(py: Python<'_>) -> PyResult<&Handles> {
+    HANDLES.get_or_try_init(py, || {
+        let jax = private(py)?;
+        let numpy = py.import("numpy")?;
+        let get =
+            |module: &Bound<'_, PyModule>, name: &str| module.getattr(name).map(Bound::unbind);
+        let get_type = |module: &Bound<'_, PyModule>, name: &str| -> PyResult<Py<PyType>> {
+            Ok(module.getattr(name)?.cast_into::<PyType>()?.unbind())
+        };
+        Ok(Handles {
+            batched_device_put: get(jax, "batched_device_put")?,
+            device_put_aval: get(jax, "device_put_aval")?,
+            canonical_dtype: get(jax, "canonical_dtype")?,
+            python_scalar_dtype: get(jax, "python_scalar_dtype")?,
+            copy_to_host_async: get(jax, "copy_to_host_async")?,
+            host_view: get(jax, "host_view")?,
+            cached_host_value: get(jax, "cached_host_value")?,
+            cache_host_value: get(jax, "cache_host_value")?,
+            asarray: get(&numpy, "asarray")?,
+            empty: get(&numpy, "empty")?,
+            ndarray: get_type(&numpy, "ndarray")?,
+            numpy_scalar: get_type(&numpy, "generic")?,
+            jax_array: get_type(&py.import("jax")?, "Array")?,
+        })
+    })
+}
+
+/// Identity of a Python object, valid while the cache entry holds a reference to it.
+fn id(obj: &Bound<'_, PyAny>) -> usize {
+    obj.as_ptr() as usize
+}
+
+/// A dtype and its canonical form; holding the first keeps its identity valid as a key.
+type DtypePair = Arc<(Py<PyAny>, Py<PyAny>)>;
+
+/// The canonical dtype of each dtype seen, keyed by identity.
+static CANONICAL_DTYPES: BoundedCache<usize, DtypePair> = BoundedCache::new(256);
+
+fn canonical_dtype<'py>(dtype: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    let py = dtype.py();
+    if let Some(entry) = CANONICAL_DTYPES.get(&id(dtype)) {
+        return Ok(entry.1.bind(py).clone());
+    }
+    let canonical = handles(py)?.canonical_dtype.bind(py).call1((dtype,))?;
+    CANONICAL_DTYPES.insert(
+        id(dtype),
+        Arc::new((dtype.clone().unbind(), canonical.clone().unbind())),
+    );
+    Ok(canonical)
+}
+
+/// What `batched_device_put` needs for one (sharding, shape, dtype, weak type), built once.
+struct PutPlan {
+    _pinned: (Py<PyAny>, Py<PyAny>),
+    aval: Py<PyAny>,
+    devices: Py<PyList>,
+    /// The index of each device's shard, or `None` when every device holds the whole array.
+    indices: Option<Vec<Py<PyTuple>>>,
+}
+
+type PutKey = (usize, usize, bool, Vec<usize>);
+static PUT_PLANS: BoundedCache<PutKey, Arc<PutPlan>> = BoundedCache::new(512);
+
+fn put_plan(
+    sharding: &Bound<'_, PyAny>,
+    shape: &[usize],
+    dtype: &Bound<'_, PyAny>,
+    weak_type: bool,
+) -> PyResult<Arc<PutPlan>> {
+    let py = sharding.py();
+    let key = (id(sharding), id(dtype), weak_type, shape.to_vec());
+    if let Some(plan) = PUT_PLANS.get(&key) {
+        return Ok(plan);
+    }
+    let (map, devices) = indexed_devices(sharding, shape, true)?;
+    let aval = handles(py)?.device_put_aval.bind(py).call1((
+        PyTuple::new(py, shape)?,
+        dtype,
+        weak_type,
+        sharding,
+    ))?;
+    let indices =
+        (map.num_tiles() > 1).then(|| devices.iter().map(|d| d.index.clone().unbind()).collect());
+    let plan = Arc::new(PutPlan {
+        _pinned: (sharding.clone().unbind(), dtype.clone().unbind()),
+        aval: aval.unbind(),
+        devices: PyList::new(py, devices.iter().map(|d| &d.device))?.unbind(),
+        indices,
+    });
+    PUT_PLANS.insert(key, plan.clone());
+    Ok(plan)
+}
+
+/// `x` as a numpy array, and whether JAX would give it a weak type (Python int, float, complex).
+fn host_array<'py>(x: &Bound<'py, PyAny>) -> PyResult<(Bound<'py, PyAny>, bool)> {
+    let py = x.py();
+    let h = handles(py)?;
+    if x.is_instance(h.ndarray.bind(py))? {
+        return Ok((x.clone(), false));
+    }
+    if x.is_instance(h.numpy_scalar.bind(py))? || x.is_instance_of::<PyBool>() {
+        return Ok((h.asarray.bind(py).call1((x,))?, false));
+    }
+    if x.is_instance_of::<PyInt>()
+        || x.is_instance_of::<PyFloat>()
+        || x.is_instance_of::<PyComplex>()
+    {
+        let kind = if x.is_instance_of::<PyInt>() {
+            py.get_type::<PyInt>()
+        } else if x.is_instance_of::<PyFloat>() {
+            py.get_type::<PyFloat>()
+        } else {
+            py.get_type::<PyComplex>()
+        };
+        let dtype = h.python_scalar_dtype.bind(py).call1((kind,))?;
+        return Ok((h.asarray.bind(py).call1((x, dtype))?, true));
+    }
+    let given = x.repr().map_or_else(|_| "?".to_owned(), |r| r.to_string());
+    Err(PyTypeError::new_err(format!(
+        "Argument {given} of type {} is not a valid JAX type: expected a numpy array, a numpy \
+         scalar, a Python bool, int, float or complex, or a jax.Array",
+        x.get_type().name()?
+    )))
+}
+
+/// Places a host value (numpy array or scalar, Python scalar) on `sharding` as a jax.Array,
+/// equal to what `jax.device_put(x, sharding)` returns.
+pub fn put_host_value<'py>(
+    x: &Bound<'py, PyAny>,
+    sharding: &Bound<'py, PyAny>,
+    committed: bool,
+) -> PyResult<Bound<'py, PyAny>> {
+    let py = x.py();
+    let (array, weak_type) = host_array(x)?;
+    let dtype = array.getattr(intern!(py, "dtype"))?;
+    let canonical = canonical_dtype(&dtype)?;
+    let array = if canonical.is(&dtype) || canonical.eq(&dtype)? {
+        array
+    } else {
+        array.call_method1(intern!(py, "astype"), (&canonical,))?
+    };
+    let shape: Vec<usize> = array.cast::<PyUntypedArray>()?.shape().to_vec();
+    let plan = put_plan(sharding, &shape, &canonical, weak_type)?;
+    let devices = plan.devices.bind(py);
+    let shards = match &plan.indices {
+        None => PyList::new(py, std::iter::repeat_n(&array, devices.len()))?,
+        Some(indices) => PyList::new(
+            py,
+            indices
+                .iter()
+                .map(|index| array.get_item(index.bind(py)))
+                .collect::<PyResult<Vec<_>>>()?,
+        )?,
+    };
+    handles(py)?.batched_device_put.bind(py).call1((
+        plan.aval.bind(py),
+        sharding,
+        shards,
+        devices,
+        committed,
+    ))
+}
+
+/// For each distinct tile that this process holds: the position of its first holder among the
+/// addressable devices, and its bounds.
+struct GetPlan {
+    _pinned: Py<PyAny>,
+    tiles: Vec<(usize, Vec<(usize, usize)>)>,
+    /// Whether the addressable devices hold every tile (always, unless multi-process).
+    complete: bool,
+    /// Whether device-to-host copies are worth starting early (not on the CPU, where the
+    /// device memory is host memory).
+    prefetch: bool,
+}
+
+static GET_PLANS: BoundedCache<(usize, Vec<usize>), Arc<GetPlan>> = BoundedCache::new(512);
+
+fn get_plan(sharding: &Bound<'_, PyAny>, shape: &[usize]) -> PyResult<Arc<GetPlan>> {
+    let key = (id(sharding), shape.to_vec());
+    if let Some(plan) = GET_PLANS.get(&key) {
+        return Ok(plan);
+    }
+    let (map, devices) = indexed_devices(sharding, shape, true)?;
+    let mut seen = vec![false; map.num_tiles()];
+    let mut tiles = Vec::new();
+    // `indexed_devices` keeps device-assignment order, so position k is `_arrays[k]`.
+    for (k, device) in devices.iter().enumerate() {
+        if !std::mem::replace(&mut seen[device.tile], true) {
+            tiles.push((k, map.tile_bounds(device.tile).collect()));
+        }
+    }
+    let platform = match devices.first() {
+        Some(first) => first
+            .device
+            .getattr(intern!(sharding.py(), "platform"))?
+            .extract::<String>()?,
+        None => String::new(),
+    };
+    let plan = Arc::new(GetPlan {
+        _pinned: sharding.clone().unbind(),
+        prefetch: platform != "cpu",
+        complete: seen.iter().all(|&s| s),
+        tiles,
+    });
+    GET_PLANS.insert(key, plan.clone());
+    Ok(plan)
+}
+
+/// Threads for large host copies: the machine's parallelism, read once (reading it costs
+/// system calls).
+fn copy_threads() -> usize {
+    static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *THREADS
+        .get_or_init(|| std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get))
+}
+
+/// A numpy array's bytes and a strided view over them.
+///
+/// # Safety
+/// The slice borrows the array's memory: the caller keeps `array` alive, and nothing may
+/// resize it, while the slice is used.
+unsafe fn array_bytes<'a>(array: &'a Bound<'_, PyUntypedArray>) -> (&'a [u8], StridedView) {
+    let itemsize = array.dtype().itemsize();
+    let shape = array.shape().to_vec();
+    let strides = array.strides().to_vec();
+    let data = (*array.as_array_ptr())
+        .fields
+        .data
+        .cast::<u8>()
+        .cast_const();
+    if shape.contains(&0) {
+        return (
+            &[],
+            StridedView {
+                offset: 0,
+                shape,
+                strides,
+            },
+        );
+    }
+    let (mut lo, mut hi) = (0isize, 0isize);
+    for (&size, &stride) in shape.iter().zip(&strides) {
+        let reach = (size as isize - 1) * stride;
+        if reach < 0 {
+            lo += reach;
+        } else {
+            hi += reach;
+        }
+    }
+    let len = (hi - lo) as usize + itemsize;
+    let bytes = std::slice::from_raw_parts(data.offset(lo), len);
+    (
+        bytes,
+        StridedView {
+            offset: lo.unsigned_abs(),
+            shape,
+            strides,
+        },
+    )
+}
+
+fn deleted_error(array: &Bound<'_, PyAny>) -> PyResult<PyErr> {
+    let py = array.py();
+    let shape = array
+        .getattr(intern!(py, "aval"))?
+        .call_method0(intern!(py, "str_short"))?;
+    Ok(PyRuntimeError::new_err(format!(
+        "Array has been deleted with shape={shape}."
+    )))
+}
+
+/// Raises JAX's `RuntimeError` if `array` (a `jax.Array`) was deleted or donated.
+pub fn check_not_deleted(array: &Bound<'_, PyAny>) -> PyResult<()> {
+    if array
+        .call_method0(intern!(array.py(), "is_deleted"))?
+        .is_truthy()?
+    {
+        return Err(deleted_error(array)?);
+    }
+    Ok(())
+}
+
+/// The numpy value of a jax.Array, equal to `np.asarray(x)`; other values come back as given,
+/// as `jax.device_get` does.
+pub fn get_host_value<'py>(x: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    let py = x.py();
+    let h = handles(py)?;
+    if !x.is_instance(h.jax_array.bind(py))? {
+        return Ok(x.clone());
+    }
+    check_not_deleted(x)?;
+    let cached = h.cached_host_value.bind(py).call1((x,))?;
+    if !cached.is_none() {
+        return Ok(cached);
+    }
+    if x.getattr(intern!(py, "is_fully_replicated"))?.is_truthy()? {
+        // JAX hands back a read-only view of one replica, uncached.
+        let single = x.call_method1(intern!(py, "addressable_data"), (0,))?;
+        return h.host_view.bind(py).call1((single,));
+    }
+    let sharding = x.getattr(intern!(py, "sharding"))?;
+    let shape: Vec<usize> = x.getattr(intern!(py, "shape"))?.extract()?;
+    let plan = get_plan(&sharding, &shape)?;
+    if !plan.complete {
+        return Err(PyRuntimeError::new_err(
+            "Fetching value for `jax.Array` that spans non-addressable (non process local) \
+             devices is not possible. You can use \
+             `jax.experimental.multihost_utils.process_allgather` to print the global array or \
+             use `.addressable_shards` method of jax.Array to inspect the addressable (process \
+             local) shards.",
+        ));
+    }
+    // Only the first holder of each distinct tile is read, as one single-device array each.
+    let sources: Vec<Bound<'py, PyAny>> = plan
+        .tiles
+        .iter()
+        .map(|(k, _)| x.call_method1(intern!(py, "addressable_data"), (*k,)))
+        .collect::<PyResult<_>>()?;
+    if plan.prefetch {
+        // Start every device-to-host copy before waiting on the first.
+        for single in &sources {
+            h.copy_to_host_async.bind(py).call1((single,))?;
+        }
+    }
+    let views = sources
+        .iter()
+        .map(|single| {
+            Ok(h.asarray
+                .bind(py)
+                .call1((single,))?
+                .cast_into::<PyUntypedArray>()?)
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    let out = h
+        .empty
+        .bind(py)
+        .call1((PyTuple::new(py, &shape)?, x.getattr(intern!(py, "dtype"))?))?;
+    let out_array = out.cast::<PyUntypedArray>()?;
+    let itemsize = out_array.dtype().itemsize();
+    let nbytes = out_array.len() * itemsize;
+    // SAFETY: `views` and `out` stay alive and unshared until the copies finish; `out` is a
+    // fresh C-ordered array of `nbytes` bytes.
+    let placements = views
+        .iter()
+        .zip(&plan.tiles)
+        .map(|(view, (_, bounds))| {
+            let (src, view) = unsafe { array_bytes(view) };
+            Placement {
+                src,
+                view,
+                bounds: bounds.clone(),
+            }
+        })
+        .collect::<Vec<_>>();
+    let dst = unsafe {
+        std::slice::from_raw_parts_mut((*out_array.as_array_ptr()).fields.data.cast::<u8>(), nbytes)
+    };
+    let threads = copy_threads();
+    py.detach(|| assemble(dst, &shape, itemsize, &placements, threads))
+        .map_err(|e| PyRuntimeError::new_err(format!("assembling the host value failed: {e}")))?;
+    out.getattr(intern!(py, "flags"))?
+        .setattr(intern!(py, "writeable"), false)?;
+    h.cache_host_value.bind(py).call1((x, &out))?;
+    Ok(out)
+}
+
+/// `fastpjit.device_get` for one leaf.
+#[pyfunction]
+pub fn device_get_leaf<'py>(x: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    get_host_value(x)
+}
+
+/// `fastpjit.device_put` for one host leaf onto a sharding.
+#[pyfunction]
+#[pyo3(signature = (x, sharding, committed = true))]
+pub fn device_put_leaf<'py>(
+    x: &Bound<'py, PyAny>,
+    sharding: &Bound<'py, PyAny>,
+    committed: bool,
+) -> PyResult<Bound<'py, PyAny>> {
+    put_host_value(x, sharding, committed)
+}
+
+/// The number of entries in the shard path's plan caches (for tests of their bounds).
+#[pyfunction]
+pub fn transfer_cache_sizes() -> (usize, usize, usize) {
+    (PUT_PLANS.len(), GET_PLANS.len(), CANONICAL_DTYPES.len())
+}
