@@ -34,6 +34,13 @@ INDEX_MAP_FUNCTIONS = (
 )
 
 
+def param_id(value):
+    """Short test ids: a device tuple reads as its ids (`d3705`)."""
+    if isinstance(value, tuple) and value and all(hasattr(d, "platform") for d in value):
+        return "d" + "".join(str(d.id) for d in value)
+    return str(value)
+
+
 def gspmd(text, devices=DEVICES):
     """The oracle: XLA's parser and JAX's GSPMDSharding."""
     return GSPMDSharding(tuple(devices), xc.HloSharding.from_string(text))
@@ -131,7 +138,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("text", "devices", "shape"), CASES, ids=str)
+@pytest.mark.parametrize(("text", "devices", "shape"), CASES, ids=param_id)
 def test_gspmd_cases_match_jax(text, devices, shape):
     assert_parses_like_xla(text, devices, shape)
 
@@ -312,7 +319,7 @@ def test_malformed_text_raises_value_error_naming_the_column(text, column):
         # The iota reshape lists 3 * 6148914691236517208 = 2**64 + 8 devices, not 8.
         ("{devices=[8]<=[3,6148914691236517208]T(1,0)}", DEVICES),
     ],
-    ids=str,
+    ids=param_id,
 )
 def test_text_that_does_not_fit_the_devices_raises_value_error(text, devices):
     with pytest.raises(ValueError):
@@ -345,6 +352,15 @@ XLA_ACCEPTS = [
     ("{devices=[2,4]<=[8] }", (4, 4)),
     ("{devices=[4,2] 0,1,2,3,4,5,6,7}", (4, 4)),
 ]
+
+
+@pytest.mark.parametrize(
+    "text", ["{devices=[2,4]<=[8] shard_as 1}", "{devices=[4,2]<=[2,4]T(1,0) shard_like 2}"]
+)
+def test_gspmd_with_a_sharding_group_indexes_like_jax(text):
+    # XLA prints `shard_as N` / `shard_like N` for shardings in a sharding group; they say
+    # which values share a sharding and do not change the index map.
+    assert_matches_jax(gspmd(text), (4, 8))
 
 
 @pytest.mark.parametrize(("text", "shape"), XLA_ACCEPTS, ids=str)
@@ -456,5 +472,8 @@ def test_any_text_gives_value_error_or_sharding(text, devices):
 
 
 @given(mutated_texts(), FUZZ_DEVICES)
+# A known failure, pinned so that the test fails on every run until it is fixed rather than
+# only on the runs whose random search happens to reach it.
+@example("{{replicated},{}}", DEVICES)
 def test_mutated_text_gives_value_error_or_sharding(text, devices):
     assert_value_error_or_sharding(text, devices)
