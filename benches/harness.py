@@ -1,0 +1,318 @@
+"""The machinery every benchmark shares: cases, interleaved timing, checks, tables and plots.
+
+A benchmark module (`benches/bench_<name>.py`) declares `CASES`, a list of `Case`, and
+`benches/run.py` does the rest (see its docstring for the optional `COLUMNS`, `PLOT`, `notes`).
+A sketch:
+
+    def _put(nbytes):                          # runs in a process with the case's devices
+        x = np.ones(nbytes // 4, np.float32)
+        s = SingleDeviceSharding(jax.devices()[0])
+        return Sides(ours=lambda: fastpjit.device_put(x, s), jax=lambda: jax.device_put(x, s),
+                     floor=lambda: x.copy(), check=lambda a, b: np.array_equal(a, b))
+
+    CASES = [Case(f"device_put {n} B", build=partial(_put, n), devices=8, meta={"bytes": n})
+             for n in (1 << 10, 1 << 20)]
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy
+
+SIDES = ("ours", "jax", "floor")
+LABELS = {"ours": "fastpjit", "jax": "JAX", "floor": "floor"}
+
+
+class CheckFailed(AssertionError):
+    """Ours and JAX returned different results: the case's timings would mean nothing."""
+
+
+@dataclass(frozen=True)
+class Call:
+    """A callable to time, and an untimed `setup` run before each of its calls."""
+
+    fn: Callable[[], Any]
+    setup: Callable[[], Any] | None = None
+
+
+@dataclass
+class Sides:
+    """What one case times: ours (fastpjit), JAX's, and optionally the floor.
+
+    Each side is a zero-argument callable or a `Call`. `check(ours_result, jax_result)` raises
+    AssertionError or returns something false when they disagree; without it the results must
+    be equal (`==`, or `numpy.array_equal` for arrays).
+    """
+
+    ours: Callable[[], Any] | Call
+    jax: Callable[[], Any] | Call
+    floor: Callable[[], Any] | Call | None = None
+    check: Callable[[Any, Any], Any] | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One row of a benchmark table.
+
+    `build` returns the case's `Sides` (so a case can be declared where its devices do not
+    exist); it runs in a process with `devices` CPU devices (a
+    separate process when that differs from the main one), or in the main one when `devices`
+    is None. `meta` goes into the results, and the table shows the keys the module lists in
+    `COLUMNS`.
+    """
+
+    name: str
+    build: Callable[[], Sides]
+    devices: int | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How long to measure: `rounds` interleaved rounds of about `round_s` seconds per side."""
+
+    rounds: int
+    round_s: float
+    max_number: int = 100_000
+
+    @classmethod
+    def of(cls, quick: bool) -> Settings:
+        return cls(rounds=7, round_s=0.002) if quick else cls(rounds=25, round_s=0.04)
+
+
+@dataclass(frozen=True)
+class Plot:
+    """A log-log plot of µs per call against meta key `x`: one colour per `series`, one line
+    per side, one panel per value of meta key `panel`."""
+
+    file: str
+    x: str
+    series: str
+    title: str
+    panel: str | None = None
+    xlabel: str | None = None
+
+
+def _as_call(side: Callable[[], Any] | Call) -> Call:
+    return side if isinstance(side, Call) else Call(side)
+
+
+def _once(call: Call) -> Any:
+    if call.setup is not None:
+        call.setup()
+    return call.fn()
+
+
+def _mean_ns(call: Call, number: int, per_call: bool) -> float:
+    """The mean ns per call over `number` calls.
+
+    Per call: each call is timed alone, after its setup, and its result is freed untimed.
+    Otherwise the calls run back to back in one timed loop, as `timeit` runs them.
+    """
+    fn, setup = call.fn, call.setup
+    if not per_call:
+        start = time.perf_counter_ns()
+        for _ in itertools.repeat(None, number):
+            fn()
+        return (time.perf_counter_ns() - start) / number
+    total = 0
+    for _ in itertools.repeat(None, number):
+        if setup is not None:
+            setup()
+        start = time.perf_counter_ns()
+        result = fn()
+        total += time.perf_counter_ns() - start
+        del result
+    return total / number
+
+
+def _stats(per_round_us: list[float]) -> dict[str, Any]:
+    quartiles = statistics.quantiles(per_round_us, n=4) if len(per_round_us) > 1 else None
+    return {
+        "median": statistics.median(per_round_us),
+        "min": min(per_round_us),
+        "p25": quartiles[0] if quartiles else per_round_us[0],
+        "p75": quartiles[2] if quartiles else per_round_us[0],
+        "per_round": per_round_us,
+    }
+
+
+def check_sides(name: str, sides: Sides) -> None:
+    """Runs ours and JAX once each, cold if they have setups, and compares the results."""
+    ours = _once(_as_call(sides.ours))
+    theirs = _once(_as_call(sides.jax))
+    try:
+        verdict = sides.check(ours, theirs) if sides.check else _equal(ours, theirs)
+    except AssertionError as err:
+        raise CheckFailed(f"{name}: fastpjit and JAX disagree: {err}") from err
+    if verdict is not None and not bool(numpy.all(verdict)):
+        raise CheckFailed(f"{name}: fastpjit and JAX disagree")
+
+
+def _equal(ours: Any, theirs: Any) -> bool:
+    if isinstance(ours, numpy.ndarray) or isinstance(theirs, numpy.ndarray):
+        return numpy.array_equal(ours, theirs)
+    return bool(ours == theirs)
+
+
+def measure(name: str, sides: Sides, settings: Settings) -> dict[str, Any]:
+    """Checks ours against JAX, then times every side in interleaved rounds.
+
+    Each round times every side once, in an order that rotates from round to round; a side's
+    figure is the median over rounds of its per-round mean, net of the cost of timing an empty
+    call the same way. The garbage collector is off while timing, as in `timeit`.
+    """
+    check_sides(name, sides)
+    calls = {side: _as_call(getattr(sides, side)) for side in SIDES
+             if getattr(sides, side) is not None}
+    per_call = any(call.setup is not None for call in calls.values())
+    empty = Call(lambda: None, (lambda: None) if per_call else None)
+    gc.collect()
+    gc.disable()
+    try:
+        numbers = {side: _calibrate(call, per_call, settings) for side, call in calls.items()}
+        empty_ns = min(_mean_ns(empty, 10_000, per_call) for _ in range(5))
+        samples: dict[str, list[float]] = {side: [] for side in calls}
+        order = list(calls)
+        for round_index in range(settings.rounds):
+            shift = round_index % len(order)
+            for side in order[shift:] + order[:shift]:
+                ns = _mean_ns(calls[side], numbers[side], per_call)
+                samples[side].append(max(ns - empty_ns, 0.0) / 1e3)
+    finally:
+        gc.enable()
+    stats = {side: _stats(us) | {"number": numbers[side]} for side, us in samples.items()}
+    return _row(name, sides, stats, per_call, empty_ns / 1e3)
+
+
+def _calibrate(call: Call, per_call: bool, settings: Settings) -> int:
+    """How many calls make one round of about `settings.round_s` seconds."""
+    estimate_ns = min(_mean_ns(call, 1, per_call) for _ in range(5))
+    number = int(settings.round_s * 1e9 / max(estimate_ns, 1.0))
+    if number >= 10:
+        estimate_ns = min(_mean_ns(call, 10, per_call) for _ in range(2))
+        number = int(settings.round_s * 1e9 / max(estimate_ns, 1.0))
+    return max(1, min(number, settings.max_number))
+
+
+def _row(name: str, sides: Sides, stats: dict[str, Any], per_call: bool,
+         empty_us: float) -> dict[str, Any]:
+    ours = stats["ours"]["median"]
+    theirs = stats["jax"]["median"]
+    floor = stats["floor"]["median"] if "floor" in stats else None
+    overhead = None
+    if floor is not None and theirs > floor:
+        overhead = (ours - floor) / (theirs - floor)
+    return {
+        "name": name,
+        "ours_us": ours,
+        "jax_us": theirs,
+        "floor_us": floor,
+        "speedup": theirs / ours if ours > 0 else math.inf,
+        "overhead_ratio": overhead,
+        "timing": "each call alone, setup untimed" if per_call else "back-to-back loop",
+        "empty_call_us": empty_us,
+        "stats": stats,
+        **sides.meta,
+    }
+
+
+# Reporting
+
+
+def fmt_us(us: float | None) -> str:
+    """Three significant figures, thousands separated."""
+    if us is None:
+        return "–"
+    if us >= 100:
+        return f"{us:,.0f}"
+    return f"{us:.3g}" if us >= 1 else f"{us:.2f}"
+
+
+def fmt_ratio(x: float | None, unit: str = "×") -> str:
+    if x is None:
+        return "–"
+    if math.isinf(x):
+        return "∞"
+    return f"{x:.1f}{unit}" if abs(x) < 100 else f"{x:,.0f}{unit}"
+
+
+def markdown_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] = ()) -> str:
+    """The table of one benchmark: a row per case, times in µs per call."""
+    has_floor = any(row["floor_us"] is not None for row in rows)
+    head = ["case", *columns, "fastpjit µs", "JAX µs"]
+    if has_floor:
+        head.append("floor µs")
+    head.append("speedup (JAX/ours)")
+    if has_floor:
+        head.append("overhead ratio")
+    lines = ["| " + " | ".join(head) + " |",
+             "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
+    for row in rows:
+        cells = [row["name"], *(str(row.get(column, "")) for column in columns),
+                 fmt_us(row["ours_us"]), fmt_us(row["jax_us"])]
+        if has_floor:
+            cells.append(fmt_us(row["floor_us"]))
+        cells.append(fmt_ratio(row["speedup"]))
+        if has_floor:
+            ratio = row["overhead_ratio"]
+            cells.append("–" if ratio is None else f"{ratio:.2f}")
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines)
+
+
+def loglog_slope(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """The least-squares slope of log(y) against log(x): 1 means linear growth."""
+    lx = [math.log(x) for x in xs]
+    ly = [math.log(y) for y in ys]
+    mx, my = statistics.fmean(lx), statistics.fmean(ly)
+    return (sum((a - mx) * (b - my) for a, b in zip(lx, ly, strict=True))
+            / sum((a - mx) ** 2 for a in lx))
+
+
+def plot(rows: Sequence[dict[str, Any]], spec: Plot, path: Path) -> None:
+    """Draws `spec` from the rows into `path` (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = list(dict.fromkeys(row.get(spec.panel) for row in rows)) if spec.panel else [None]
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.4 * len(panels), 4.8), squeeze=False)
+    styles = {"ours": ("-", "o", 2.0), "jax": ("--", "s", 1.5), "floor": (":", "", 1.2)}
+    for ax, panel in zip(axes[0], panels, strict=True):
+        shown = [row for row in rows if spec.panel is None or row.get(spec.panel) == panel]
+        series = list(dict.fromkeys(row[spec.series] for row in shown))
+        for colour, name in zip(itertools.cycle(plt.rcParams["axes.prop_cycle"].by_key()["color"]),
+                                series):
+            points = sorted((row for row in shown if row[spec.series] == name),
+                            key=lambda row: row[spec.x])
+            xs = [row[spec.x] for row in points]
+            for side, (line, marker, width) in styles.items():
+                ys = [row[f"{side}_us"] for row in points]
+                if any(y is None for y in ys):
+                    continue
+                ax.plot(xs, ys, line, marker=marker, color=colour, linewidth=width,
+                        label=f"{LABELS[side]}: {name}")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel(spec.xlabel or spec.x)
+        ax.set_ylabel("µs per call")
+        ax.set_title(str(panel) if panel is not None else spec.title, fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    if spec.panel:
+        fig.suptitle(spec.title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
