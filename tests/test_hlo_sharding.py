@@ -253,15 +253,21 @@ def test_manual_and_unreduced_raise_not_implemented_like_jax(text):
                 function(candidate, (4, 4))
 
 
-# JAX fails an assertion ({manual}) or aborts the process (tuples) on these, so only ours runs.
-@pytest.mark.parametrize(
-    "text", ["{manual}", "{unknown}", "{{replicated}, {maximal device=0}}", "{{replicated}}"]
-)
+# JAX fails an assertion on these, so only ours runs.
+@pytest.mark.parametrize("text", ["{manual}", "{unknown}"])
 def test_other_shardings_with_no_index_map_raise_not_implemented(text):
     sharding = fastpjit.parse_hlo_sharding(text, DEVICES)
     for function in INDEX_MAP_FUNCTIONS:
         with pytest.raises(NotImplementedError):
             function(sharding, (4, 4))
+
+
+# A tuple sharding describes several values, and JAX aborts the process on its index maps,
+# so parse_hlo_sharding refuses it up front.
+@pytest.mark.parametrize("text", ["{{replicated}, {maximal device=0}}", "{{replicated}}", "{{}}"])
+def test_tuple_shardings_are_not_array_shardings(text):
+    with pytest.raises(ValueError, match="tuple sharding"):
+        fastpjit.parse_hlo_sharding(text, DEVICES)
 
 
 # --- Errors -------------------------------------------------------------------------------
@@ -284,14 +290,14 @@ def test_rank_mismatch_raises_sharding_rank_error(text, shape):
         ("{garbage}", 2),
         ("{devices=[2,2}", 14),
         ("{devices=[2,2]0,1,2}", 15),
-        ("{devices=[2,2]<=[4]T(0,0)}", 15),
+        ("{devices=[2,2]<=[2,2]T(0,0)}", 15),
         ("{replicated", 12),
         ("{replicated} x", 14),
         ("{devices=[2]<=[2] last_tile_dims={foo}}", 35),
         ("", 1),
         ("replicated", 1),
         ("{maximal device=}", 17),
-        ("{devices=[2,2]<=[4]T(1,0}", 25),
+        ("{devices=[2,2]<=[2,2]T(1,0}", 27),
         ("{devices=[2,4]<=[8] metadata={op_name=\"x}", 42),
         ("{é}", 2),
         ("{devices=[2,4]<=[8]} é", 22),

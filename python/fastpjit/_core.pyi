@@ -11,12 +11,15 @@ __all__ = [
     "addressable_devices_indices_map",
     "canonical_hlo_sharding",
     "count_fallback",
+    "device_get_leaf",
+    "device_put_leaf",
     "device_replica_id_map",
     "devices_indices_map",
     "indices_array",
     "reset_stats",
     "shard_shape",
     "stats",
+    "transfer_cache_sizes",
 ]
 __version__: str
 
@@ -31,3 +34,6 @@ def shard_shape(sharding: Any, global_shape: Sequence[int]) -> tuple[int, ...]: 
 def device_replica_id_map(sharding: Any, global_shape: Sequence[int]) -> dict[Any, int]: ...
 def indices_array(sharding: Any, global_shape: Sequence[int]) -> npt.NDArray[np.int64]: ...
 def canonical_hlo_sharding(text: str, num_devices: int) -> str: ...
+def device_put_leaf(x: Any, sharding: Any, committed: bool = True) -> Any: ...
+def device_get_leaf(x: Any) -> Any: ...
+def transfer_cache_sizes() -> tuple[int, int, int]: ...

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from jax.errors import JaxRuntimeError
+
 from fastpjit import _jax
 from fastpjit._core import (
     addressable_devices_indices_map,
@@ -35,4 +37,9 @@ def parse_hlo_sharding(text: str, devices: Sequence[Any]) -> _jax.GSPMDSharding:
     goes wrong; the result is a JAX GSPMDSharding, usable wherever JAX takes a sharding.
     """
     devices = tuple(devices)
-    return _jax.gspmd_sharding(devices, canonical_hlo_sharding(text, len(devices)))
+    canonical = canonical_hlo_sharding(text, len(devices))
+    try:
+        return _jax.gspmd_sharding(devices, canonical)
+    except JaxRuntimeError as e:
+        # Our parser is more lenient than XLA's in places; report XLA's verdict the same way.
+        raise ValueError(f"XLA rejects the HLO sharding {text!r}: {e}") from e

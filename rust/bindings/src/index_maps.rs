@@ -1,6 +1,6 @@
 //! `devices_indices_map` and its relatives: index maps of JAX shardings, built in Rust.
 
-use fastpjit_core::{HloSharding, IndexMap, ShardingError};
+use fastpjit_core::{HloSharding, IndexMap};
 use numpy::{PyArray3, PyArrayMethods};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -229,15 +229,7 @@ pub fn indices_array<'py>(
 #[pyfunction]
 pub fn canonical_hlo_sharding(py: Python<'_>, text: &str, num_devices: usize) -> PyResult<String> {
     let hlo = HloSharding::parse(text).map_err(|e| sharding_error(py, &e, None))?;
-    let fits = match &hlo {
-        HloSharding::Maximal { device } => *device < num_devices,
-        other => other.num_tile_devices().is_none_or(|n| n == num_devices),
-    };
-    if !fits {
-        let err = ShardingError::Invalid(format!(
-            "the HLO sharding {hlo} does not fit a list of {num_devices} devices"
-        ));
-        return Err(sharding_error(py, &err, None));
-    }
+    hlo.check_for_array(num_devices)
+        .map_err(|e| sharding_error(py, &e, None))?;
     Ok(hlo.to_string())
 }

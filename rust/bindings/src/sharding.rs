@@ -2,10 +2,10 @@
 
 use fastpjit_core::{HloSharding, MeshAxes, NamedSpec, TileLayout};
 use pyo3::exceptions::{PyNotImplementedError, PyTypeError};
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyString, PyTuple, PyType};
-use pyo3::{intern, BoundObject};
+use pyo3::types::{PyTuple, PyType};
 
 use crate::errors::sharding_error;
 
@@ -82,13 +82,35 @@ fn named_view<'py>(sharding: &Bound<'py, PyAny>, ndim: usize) -> PyResult<Shardi
             "devices_indices_map is not defined for a sharding with unreduced axes",
         ));
     }
-    let names: Vec<String> = mesh
+    if mesh.getattr(intern!(py, "manual_axes"))?.len()? > 0 {
+        return Err(PyNotImplementedError::new_err(
+            "devices_indices_map is not defined for a mesh with manual axes",
+        ));
+    }
+    // Axis names are any hashable objects: spec entries are matched to mesh axes by Python
+    // equality, as JAX matches them, and the core sees only the matched names.
+    let mesh_names: Vec<Bound<'py, PyAny>> = mesh
         .getattr(intern!(py, "axis_names"))?
         .try_iter()?
-        .map(|name| name.and_then(|n| axis_name(&n)))
         .collect::<PyResult<_>>()?;
+    let mut names: Vec<String> = mesh_names.iter().map(axis_name).collect::<PyResult<_>>()?;
+    if (1..names.len()).any(|i| names[..i].contains(&names[i])) {
+        // Distinct names that print alike (`1` and `'1'`): tell them apart by repr.
+        names = mesh_names
+            .iter()
+            .map(|n| Ok(n.repr()?.to_str()?.to_owned()))
+            .collect::<PyResult<_>>()?;
+    }
     let sizes: Vec<usize> = mesh.getattr(intern!(py, "axis_sizes"))?.extract()?;
     let axes = MeshAxes::new(names, sizes).map_err(|e| sharding_error(py, &e, Some(sharding)))?;
+    let resolve = |name: &Bound<'py, PyAny>| -> PyResult<String> {
+        for (mesh_name, core_name) in mesh_names.iter().zip(&axes.names) {
+            if mesh_name.eq(name)? {
+                return Ok(core_name.clone());
+            }
+        }
+        axis_name(name)
+    };
     let unconstrained = spec.get_type().getattr(intern!(py, "UNCONSTRAINED"))?;
     let dims = spec
         .try_iter()?
@@ -97,9 +119,9 @@ fn named_view<'py>(sharding: &Bound<'py, PyAny>, ndim: usize) -> PyResult<Shardi
             if entry.is_none() || entry.is(&unconstrained) {
                 Ok(Vec::new())
             } else if let Ok(tuple) = entry.cast::<PyTuple>() {
-                tuple.iter().map(|n| axis_name(&n)).collect()
+                tuple.iter().map(|n| resolve(&n)).collect()
             } else {
-                Ok(vec![axis_name(&entry)?])
+                Ok(vec![resolve(&entry)?])
             }
         })
         .collect::<PyResult<Vec<_>>>()?;
@@ -126,9 +148,7 @@ fn named_view<'py>(sharding: &Bound<'py, PyAny>, ndim: usize) -> PyResult<Shardi
     })
 }
 
+/// How the core names a mesh axis in messages: as Python prints it.
 fn axis_name(name: &Bound<'_, PyAny>) -> PyResult<String> {
-    match name.cast::<PyString>() {
-        Ok(s) => Ok(s.to_str()?.to_owned()),
-        Err(_) => Ok(name.str()?.into_bound().to_str()?.to_owned()),
-    }
+    Ok(name.str()?.to_str()?.to_owned())
 }

@@ -63,12 +63,8 @@ impl fmt::Display for ShardingError {
             }
             Self::UnknownAxis { axis, mesh_axes } => write!(
                 f,
-                "resource axis {axis:?} is not found in mesh axes ({})",
-                mesh_axes
-                    .iter()
-                    .map(|a| format!("{a:?}"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                "resource axis {axis} is not found in mesh axes ({})",
+                mesh_axes.join(", ")
             ),
             Self::Rank {
                 sharding_rank,

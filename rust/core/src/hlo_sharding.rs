@@ -40,6 +40,13 @@ pub enum HloSharding {
         subgroups: Vec<SubgroupType>,
     },
     Tuple(Vec<HloSharding>),
+    /// A sharding in a sharding group (`shard_as N` / `shard_like N`): a hint for XLA's
+    /// propagation that does not change where data lives.
+    Grouped {
+        inner: Box<HloSharding>,
+        shard_as: bool,
+        group: usize,
+    },
 }
 
 impl HloSharding {
@@ -58,13 +65,36 @@ impl HloSharding {
     pub fn num_tile_devices(&self) -> Option<usize> {
         match self {
             Self::Tiled { order, .. } => Some(order.len()),
+            Self::Grouped { inner, .. } => inner.num_tile_devices(),
             _ => None,
+        }
+    }
+
+    /// Checks that this is the sharding of one array over `num_devices` devices: not a tuple,
+    /// a maximal device that exists, and a tile order that names each device exactly once.
+    pub fn check_for_array(&self, num_devices: usize) -> Result<(), ShardingError> {
+        if num_devices == 0 {
+            return Err(ShardingError::Invalid(
+                "a sharding needs at least one device".to_owned(),
+            ));
+        }
+        match self {
+            Self::Grouped { inner, .. } => inner.check_for_array(num_devices),
+            Self::Tuple(_) => Err(ShardingError::Invalid(format!(
+                "{self} is a tuple sharding, which describes several values, not one array"
+            ))),
+            Self::Maximal { device } if *device >= num_devices => Err(ShardingError::Invalid(
+                format!("{self} names device {device}, but the device list has {num_devices}"),
+            )),
+            Self::Tiled { order, .. } => order.check_permutation(num_devices),
+            _ => Ok(()),
         }
     }
 
     /// The tile layout that JAX derives for index maps; errors where JAX has none.
     pub fn to_layout(&self) -> Result<TileLayout, ShardingError> {
         match self {
+            Self::Grouped { inner, .. } => inner.to_layout(),
             Self::Replicated | Self::Maximal { .. } => Ok(TileLayout::Replicated),
             Self::Tiled {
                 dims,
@@ -112,6 +142,15 @@ impl fmt::Display for HloSharding {
             Self::Unknown => f.write_str("{unknown}"),
             Self::Unreduced => f.write_str("{unreduced}"),
             Self::Maximal { device } => write!(f, "{{maximal device={device}}}"),
+            Self::Grouped {
+                inner,
+                shard_as,
+                group,
+            } => {
+                let text = inner.to_string();
+                let kind = if *shard_as { "shard_as" } else { "shard_like" };
+                write!(f, "{} {kind} {group}}}", &text[..text.len() - 1])
+            }
             Self::Tuple(elements) => {
                 f.write_str("{")?;
                 for (i, element) in elements.iter().enumerate() {
@@ -259,7 +298,24 @@ impl Parser<'_> {
             return Err(self
                 .error("'replicated', 'maximal', 'devices=', 'manual', 'unknown' or 'unreduced'"));
         };
-        self.metadata()?;
+        let mut sharding = sharding;
+        loop {
+            if self.eat("shard_as") {
+                sharding = HloSharding::Grouped {
+                    inner: Box::new(sharding),
+                    shard_as: true,
+                    group: self.number()?,
+                };
+            } else if self.eat("shard_like") {
+                sharding = HloSharding::Grouped {
+                    inner: Box::new(sharding),
+                    shard_as: false,
+                    group: self.number()?,
+                };
+            } else if !self.metadata()? {
+                break;
+            }
+        }
         self.expect("}")?;
         Ok(sharding)
     }
@@ -288,8 +344,9 @@ impl Parser<'_> {
         let order_at = self.pos;
         let order = if self.eat("<=") {
             let reshape = self.bracketed_numbers()?;
-            let perm = if self.eat("T") {
-                self.expect("(")?;
+            // As in XLA: a reshape of several dims needs a transpose, and one dim takes none.
+            let perm = if reshape.len() > 1 {
+                self.expect("T(")?;
                 let perm = self.numbers()?;
                 self.expect(")")?;
                 perm
@@ -300,7 +357,7 @@ impl Parser<'_> {
             order
                 .validate()
                 .map_err(|e| self.at(order_at, &e.to_string()))?;
-            order
+            order.normalized()
         } else {
             DeviceOrder::Explicit(self.numbers()?)
         };
@@ -344,6 +401,9 @@ impl Parser<'_> {
     fn subgroup_types(&mut self) -> Result<Vec<SubgroupType>, ShardingError> {
         self.expect("{")?;
         let mut out = Vec::new();
+        if self.eat("}") {
+            return Ok(out);
+        }
         loop {
             let t = if self.eat("replicated") {
                 SubgroupType::Replicated
@@ -363,10 +423,11 @@ impl Parser<'_> {
         Ok(out)
     }
 
-    /// Skips ` metadata={...}`, which says where a sharding came from and not what it is.
-    fn metadata(&mut self) -> Result<(), ShardingError> {
+    /// Skips ` metadata={...}`, which says where a sharding came from and not what it is;
+    /// returns whether there was one.
+    fn metadata(&mut self) -> Result<bool, ShardingError> {
         if !self.eat("metadata") {
-            return Ok(());
+            return Ok(false);
         }
         self.expect("=")?;
         self.skip_space();
@@ -386,7 +447,7 @@ impl Parser<'_> {
                     depth -= 1;
                     if depth == 0 {
                         self.pos += offset + 1;
-                        return Ok(());
+                        return Ok(true);
                     }
                 }
                 _ => {}
@@ -463,7 +524,8 @@ mod tests {
             ("{garbage}", 2),
             ("{devices=[2,2}", 14),
             ("{devices=[2,2]0,1,2}", 15),
-            ("{devices=[2,2]<=[4]T(0,0)}", 15),
+            ("{devices=[2,2]<=[2,2]T(0,0)}", 15),
+            ("{devices=[2,2]<=[4]T(0,0)}", 20),
             ("{replicated", 12),
             ("{replicated} x", 14),
             ("{devices=[2]<=[2] last_tile_dims={foo}}", 35),
@@ -504,5 +566,54 @@ mod tests {
         // Device position 4 holds tile 1, as JAX's devices_indices_map says.
         assert_eq!(rows, vec![0, 2, 4, 6, 1, 3, 5, 7]);
         assert_eq!(map.partitions(), &[8, 1]);
+    }
+
+    #[test]
+    fn sharding_groups_and_empty_subgroups_parse() {
+        let grouped = roundtrip("{devices=[2,4]<=[8] shard_as 1 metadata={op_name=\"x\"}}");
+        assert_eq!(grouped.to_string(), "{devices=[2,4]<=[8] shard_as 1}");
+        assert_eq!(
+            grouped.to_layout().unwrap(),
+            roundtrip("{devices=[2,4]<=[8]}").to_layout().unwrap()
+        );
+        assert_eq!(
+            roundtrip("{replicated shard_like 0}").to_string(),
+            "{replicated shard_like 0}"
+        );
+        assert_eq!(
+            roundtrip("{devices=[2,4]<=[8] last_tile_dims={}}").to_string(),
+            "{devices=[2,4]<=[8]}"
+        );
+    }
+
+    #[test]
+    fn identity_transposes_are_written_flat_and_missing_ones_rejected() {
+        assert_eq!(
+            roundtrip("{devices=[4,2]<=[2,4]T(0,1)}").to_string(),
+            "{devices=[4,2]<=[8]}"
+        );
+        assert!(HloSharding::parse("{devices=[4,2]<=[2,4]}").is_err());
+        assert!(HloSharding::parse("{devices=[4,2]<=[8]T(0)}").is_err());
+    }
+
+    #[test]
+    fn array_checks_reject_what_xla_or_jax_would() {
+        let parse = |t: &str| HloSharding::parse(t).unwrap();
+        assert!(parse("{devices=[8]0,1,2,3,4,5,6,8}")
+            .check_for_array(8)
+            .is_err());
+        assert!(parse("{devices=[8]0,1,2,3,4,5,6,6}")
+            .check_for_array(8)
+            .is_err());
+        assert!(parse("{devices=[8]7,6,5,4,3,2,1,0}")
+            .check_for_array(8)
+            .is_ok());
+        assert!(parse("{maximal device=8}").check_for_array(8).is_err());
+        assert!(parse("{replicated}").check_for_array(0).is_err());
+        assert!(parse("{{replicated}, {}}").check_for_array(8).is_err());
+        assert!(matches!(
+            HloSharding::parse("{devices=[8]<=[3,6148914691236517208]T(1,0)}"),
+            Err(ShardingError::Parse { .. })
+        ));
     }
 }

@@ -128,17 +128,37 @@ impl IndexMap {
         }
     }
 
-    /// Replica ids as JAX numbers them: devices holding the same tile count up in device order.
+    /// Replica ids as JAX numbers them: devices holding equal bounds count up in device order.
     pub fn replica_ids(&self) -> Vec<usize> {
         let mut seen = vec![0usize; self.num_tiles()];
         self.tile_of_device
             .iter()
             .map(|&tile| {
-                let id = seen[tile];
-                seen[tile] += 1;
-                id
+                let slot = &mut seen[self.bounds_key(tile)];
+                *slot += 1;
+                *slot - 1
             })
             .collect()
+    }
+
+    /// A tile id that is equal for tiles with equal bounds: tiles differ in bounds except
+    /// along dimensions whose shards are empty.
+    fn bounds_key(&self, tile: usize) -> usize {
+        if !self.shard_shape.contains(&0) {
+            return tile;
+        }
+        let mut divisor = self.num_tiles();
+        let mut key = 0;
+        for (&parts, &size) in self.partitions.iter().zip(&self.shard_shape) {
+            divisor /= parts;
+            let coord = if size == 0 {
+                0
+            } else {
+                (tile / divisor) % parts
+            };
+            key = key * parts + coord;
+        }
+        key
     }
 }
 
@@ -328,5 +348,12 @@ mod tests {
             }
         }
         assert!(counts.iter().all(|&c| c == 3));
+    }
+
+    #[test]
+    fn replica_ids_group_equal_bounds_of_empty_shards() {
+        let layout = spec(&[&["x"]]).to_layout(&mesh_2x4(), 1, None).unwrap();
+        let map = IndexMap::new(&layout, &[0], 8).unwrap();
+        assert_eq!(map.replica_ids(), (0..8).collect::<Vec<_>>());
     }
 }

@@ -37,9 +37,54 @@ impl DeviceOrder {
         }
     }
 
-    /// Checks that `perm` is a permutation of the reshape axes.
+    /// The same order with an untransposed iota written as one dimension (`<=[2,4]` and
+    /// `<=[2,4]T(0,1)` are `<=[8]`), the form XLA prints.
+    #[must_use]
+    pub fn normalized(self) -> Self {
+        match self {
+            Self::Iota { reshape, perm } if perm.iter().enumerate().all(|(i, &p)| i == p) => {
+                Self::Iota {
+                    reshape: vec![reshape.iter().product()],
+                    perm: Vec::new(),
+                }
+            }
+            other => other,
+        }
+    }
+
+    /// Checks that the order names each of `num_devices` positions exactly once.
+    pub fn check_permutation(&self, num_devices: usize) -> Result<(), ShardingError> {
+        if self.len() != num_devices {
+            return Err(ShardingError::Invalid(format!(
+                "the sharding places tiles on {} devices, but its device list has {num_devices}",
+                self.len()
+            )));
+        }
+        if let Self::Explicit(list) = self {
+            let mut seen = vec![false; num_devices];
+            for &position in list {
+                if position >= num_devices || std::mem::replace(&mut seen[position], true) {
+                    return Err(ShardingError::Invalid(format!(
+                        "the device list {list:?} is not a permutation of 0..{num_devices}"
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks that `perm` is a permutation of the reshape axes and that the size fits.
     pub fn validate(&self) -> Result<(), ShardingError> {
         if let Self::Iota { reshape, perm } = self {
+            if reshape
+                .iter()
+                .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+                .is_none()
+            {
+                return Err(ShardingError::Invalid(format!(
+                    "the iota shape {reshape:?} is too large"
+                )));
+            }
             if perm.is_empty() {
                 return Ok(());
             }
