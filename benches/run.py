@@ -35,6 +35,7 @@ _START = time.perf_counter()
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
 import datetime  # noqa: E402
+import hashlib  # noqa: E402
 import importlib  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
@@ -113,11 +114,17 @@ def environment() -> dict[str, Any]:
     }
 
 
+def core_build() -> str:
+    """A short hash of the loaded native module, to tell builds apart (the tree may be dirty)."""
+    return hashlib.sha256(Path(fastpjit._core.__file__).read_bytes()).hexdigest()[:12]
+
+
 def process_info(start: float) -> dict[str, Any]:
-    """This process's CPU devices, its start-up time (to JAX's devices) and its peak memory."""
+    """This process's CPU devices, start-up time (to JAX's devices), peak memory and build."""
     devices = len(jax.devices())
     return {
         "devices": devices,
+        "core_build": core_build(),
         "startup_s": round(time.perf_counter() - start, 2),
         "max_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
     }
@@ -181,6 +188,9 @@ def run_module(name: str, args: argparse.Namespace) -> dict[str, Any] | None:
             worker_rows, process = run_worker(name, devices, indices, args.quick)
             rows += worker_rows
             processes.append(process)
+            if process["core_build"] != MAIN_PROCESS["core_build"]:
+                print(f"warning: the worker with {devices} devices loaded another build of "
+                      "fastpjit._core than this process", file=sys.stderr)
     rows.sort(key=lambda row: row["index"])
     return {
         "name": name,
@@ -196,17 +206,22 @@ def section(result: dict[str, Any], env: dict[str, Any], command: str, date: str
     """The Markdown section of one benchmark in BENCHMARKS.md."""
     module = result["module"]
     title, _, intro = (module.__doc__ or result["name"]).strip().partition("\n")
+    builds = list(dict.fromkeys(process["core_build"] for process in result["processes"]))
     memory = f", {env['memory_gib']} GiB" if env["memory_gib"] else ""
     parts = [
         f"## {title.strip()}",
         intro.strip(),
         f"Measured {date} on {env['cpu']} ({env['cores']} cores{memory}), {env['os']}; "
         f"Python {env['python']}, jax {env['jax']}, jaxlib {env['jaxlib']}, "
-        f"numpy {env['numpy']}, fastpjit {env['fastpjit']} ({env['commit']}); "
+        f"numpy {env['numpy']}, fastpjit {env['fastpjit']} ({env['commit']}, "
+        f"native build {builds[0]}); "
         f"load average {env['load_average']} at the start. "
         f"Command: `{command}`" + (" (quick: fewer, shorter rounds)." if quick else "."),
         harness.markdown_table(result["rows"], getattr(module, "COLUMNS", ())),
     ]
+    if len(builds) > 1:
+        parts.insert(2, f"**Warning: the native module was rebuilt during the run** (builds "
+                        f"{', '.join(builds)}); rows from different processes are not comparable.")
     if hasattr(module, "notes"):
         parts.append(module.notes(result["rows"], result["processes"]).strip())
     if hasattr(module, "PLOT"):
