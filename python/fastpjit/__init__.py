@@ -17,6 +17,7 @@ from fastpjit.sharding import (
     parse_hlo_sharding,
     shard_shape,
 )
+from fastpjit.jit import jit
 from fastpjit.transfer import device_get, device_put
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "device_replica_id_map",
     "devices_indices_map",
     "indices_array",
+    "jit",
     "parse_hlo_sharding",
     "reset_stats",
     "shard_shape",

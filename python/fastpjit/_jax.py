@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import jax
 import numpy as np
 from jax._src import core as _core
 from jax._src import dispatch as _dispatch
@@ -21,6 +22,11 @@ DuplicateSpecError = _named_sharding.DuplicateSpecError
 
 __all__ = [
     "DuplicateSpecError",
+    "flatten_for_dispatch",
+    "jit_cache_miss",
+    "jit_static_args",
+    "shard_arg",
+    "trace_context",
     "batched_device_put",
     "cache_host_value",
     "cached_host_value",
@@ -93,6 +99,73 @@ def cached_host_value(array: Any) -> np.ndarray | None:
 def cache_host_value(array: Any, value: np.ndarray) -> None:
     """Stores `value` where np.asarray(array) will find it."""
     array._npy_value = value
+
+
+# jit: the cache miss that JAX's own C++ dispatcher would run, and what a hit needs.
+
+from jax._src import config as _config  # noqa: E402
+from jax._src import pjit as _pjit  # noqa: E402
+from jax._src import tree_util as _tree_util  # noqa: E402
+from jax._src.interpreters import pxla as _pxla  # noqa: E402
+
+# C++ callables that the Rust dispatcher calls on every call.
+trace_context = _config.trace_context
+flatten_for_dispatch = _tree_util.dispatch_registry.flatten
+
+
+def jit_static_args(jitted: Any) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """The static argnums and argnames of a jax.jit function, as JAX resolved them."""
+    info = jitted._jit_info
+    return tuple(info.static_argnums), tuple(info.static_argnames)
+
+
+_backend_compiles = 0
+
+
+def _count_backend_compile(event: str, duration: float, **_: Any) -> None:
+    global _backend_compiles
+    if event == _dispatch.BACKEND_COMPILE_EVENT:
+        _backend_compiles += 1
+
+
+jax.monitoring.register_event_duration_secs_listener(_count_backend_compile)
+
+
+def jit_cache_miss(
+    jitted: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[Any, Any, int]:
+    """Runs a call of `jitted` as JAX's C++ dispatcher does on a cache miss.
+
+    Returns the outputs; where JAX would take its fast path next time, what fastpjit's
+    dispatcher needs to take its own (executable, output treedef, input shardings of the kept
+    inputs, output result handlers, kept-input flags over [consts, args], const args), else
+    None; and how many backend compiles the miss ran.
+    """
+    compiles_before = _backend_compiles
+    outs, entry = _jit_miss(jitted, args, kwargs)
+    return outs, entry, _backend_compiles - compiles_before
+
+
+def _jit_miss(jitted: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
+    fun, info = jitted._fun, jitted._jit_info
+    p, args_flat = _pjit._infer_params(fun, info, args, kwargs)
+    outs, out_flat, out_tree, args_flat, jaxpr, executable, profiler, const_args = (
+        _pjit._run_python_pjit(p, args_flat, fun, args, kwargs))
+    fast = _pjit._get_fastpath_data(executable, out_tree, args_flat, out_flat, jaxpr.effects,
+                                    jaxpr.consts, profiler, const_args)
+    if fast is None or any(layout is not None for layout in fast.in_device_local_layouts):
+        return outs, None
+    handlers = [xc.array_result_handler(aval, sharding, committed=committed, _skip_checks=True)
+                for aval, sharding, committed
+                in zip(fast.out_avals, fast.out_shardings, fast.out_committed)]
+    entry = (fast.xla_executable, fast.out_pytree_def, list(fast.in_shardings), handlers,
+             [bool(k) for k in fast.kept_var_bitvec], list(fast.const_args))
+    return outs, entry
+
+
+def shard_arg(x: Any, sharding: Any) -> Any:
+    """Places one argument on `sharding` the way jit's dispatch does for a mismatched input."""
+    return _pxla.cc_shard_arg(x, sharding, None)
 
 
 # For benchmarks and tests

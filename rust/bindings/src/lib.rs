@@ -1,6 +1,7 @@
 //! `fastpjit._core`: the `PyO3` layer over `fastpjit_core`. It converts types and nothing more.
 
 mod cache;
+mod dispatch;
 mod errors;
 mod index_maps;
 mod sharding;
@@ -27,5 +28,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(transfer::device_put_leaf, m)?)?;
     m.add_function(wrap_pyfunction!(transfer::device_get_leaf, m)?)?;
     m.add_function(wrap_pyfunction!(transfer::transfer_cache_sizes, m)?)?;
+    m.add_class::<dispatch::JitFunction>()?;
     Ok(())
 }

@@ -13,6 +13,22 @@ static CACHE_MISSES: AtomicU64 = AtomicU64::new(0);
 static COMPILES: AtomicU64 = AtomicU64::new(0);
 static FALLBACKS: Mutex<BTreeMap<String, u64>> = Mutex::new(BTreeMap::new());
 
+#[derive(Clone, Copy)]
+pub enum Counter {
+    CacheHit,
+    CacheMiss,
+    /// Backend compiles that a cache miss caused.
+    Compile(u64),
+}
+
+pub fn count(counter: Counter) {
+    match counter {
+        Counter::CacheHit => CACHE_HITS.fetch_add(1, Ordering::Relaxed),
+        Counter::CacheMiss => CACHE_MISSES.fetch_add(1, Ordering::Relaxed),
+        Counter::Compile(n) => COMPILES.fetch_add(n, Ordering::Relaxed),
+    };
+}
+
 /// Records that a call took a slower correct path, and why.
 pub fn count_fallback(reason: &str) {
     let mut fallbacks = FALLBACKS

@@ -1,0 +1,170 @@
+//! A cached executable and everything a cache hit needs to run it without Python of ours.
+
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::{PyList, PyTuple};
+
+use super::handles::Handles;
+use super::signature::{LeafKind, LeafSignature};
+use crate::stats::count_fallback;
+use crate::transfer::{check_not_deleted, put_host_value};
+
+pub struct Entry {
+    /// The executable's bound `execute_sharded`.
+    execute_sharded: Py<PyAny>,
+    out_treedef: Py<PyAny>,
+    /// Whether the output tree is one bare leaf, which needs no unflattening.
+    single_output: bool,
+    /// The sharding of each executable input, in executable order.
+    in_shardings: Vec<Py<PyAny>>,
+    out_handlers: Py<PyList>,
+    /// Whether each of `[const args..., flat args...]` is an executable input.
+    kept: Vec<bool>,
+    const_args: Vec<Py<PyAny>>,
+}
+
+impl Entry {
+    /// Reads the tuple that `fastpjit._jax.jit_cache_miss` returns.
+    pub fn from_miss(entry: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let part = |i: usize| entry.get_item(i);
+        let objects = |i: usize| -> PyResult<Vec<Py<PyAny>>> {
+            part(i)?.try_iter()?.map(|o| o.map(Bound::unbind)).collect()
+        };
+        let (executable, out_treedef) = (part(0)?, part(1)?);
+        let (in_shardings, out_handlers) = (objects(2)?, part(3)?.cast_into::<PyList>()?);
+        let (kept, const_args): (Vec<bool>, _) = (part(4)?.extract()?, objects(5)?);
+        let py = entry.py();
+        let leaf_count: usize = out_treedef.getattr(intern!(py, "num_leaves"))?.extract()?;
+        let node_count: usize = out_treedef.getattr(intern!(py, "num_nodes"))?.extract()?;
+        Ok(Self {
+            execute_sharded: executable.getattr(intern!(py, "execute_sharded"))?.unbind(),
+            single_output: leaf_count == 1 && node_count == 1,
+            out_treedef: out_treedef.unbind(),
+            in_shardings,
+            out_handlers: out_handlers.unbind(),
+            kept,
+            const_args,
+        })
+    }
+
+    /// Runs the executable on `leaves` (keyed by `signature`) and builds the output tree.
+    pub fn call<'py>(
+        &self,
+        py: Python<'py>,
+        h: &Handles,
+        leaves: &[Bound<'py, PyAny>],
+        signature: &[LeafSignature],
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let num_consts = self.const_args.len();
+        let mut inputs: Vec<Bound<'py, PyAny>> = Vec::with_capacity(self.in_shardings.len());
+        for (i, c) in self.const_args.iter().enumerate() {
+            if self.kept[i] {
+                inputs.push(c.bind(py).clone());
+            }
+        }
+        for (j, (leaf, key)) in leaves.iter().zip(signature).enumerate() {
+            if !self.kept[num_consts + j] {
+                continue;
+            }
+            let sharding = self.in_shardings[inputs.len()].bind(py);
+            inputs.push(prepare_input(py, h, leaf, key, sharding)?);
+        }
+        self.run(py, &PyTuple::new(py, inputs)?.into_any())
+    }
+}
+
+impl Entry {
+    /// The executable's input sharding for flat argument `j`, if it takes that argument.
+    pub fn in_sharding_of_arg(&self, py: Python<'_>, j: usize) -> Option<Py<PyAny>> {
+        let num_consts = self.const_args.len();
+        if !self.kept.get(num_consts + j).copied().unwrap_or(false) {
+            return None;
+        }
+        let position = self.kept[..num_consts + j].iter().filter(|&&k| k).count();
+        self.in_shardings.get(position).map(|s| s.clone_ref(py))
+    }
+
+    /// Runs a call whose positional arrays passed a fast key; `direct[j]` says argument `j`
+    /// already has the executable's input sharding.
+    pub fn call_fast<'py>(
+        &self,
+        py: Python<'py>,
+        h: &Handles,
+        args: &Bound<'py, PyTuple>,
+        direct: &[bool],
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let num_consts = self.const_args.len();
+        let all_direct =
+            num_consts == 0 && self.kept.iter().all(|&k| k) && direct.iter().all(|&d| d);
+        let inputs = if all_direct {
+            args.clone().into_any()
+        } else {
+            let mut inputs: Vec<Bound<'py, PyAny>> = Vec::with_capacity(self.in_shardings.len());
+            for (i, c) in self.const_args.iter().enumerate() {
+                if self.kept[i] {
+                    inputs.push(c.bind(py).clone());
+                }
+            }
+            for (j, arg) in args.iter().enumerate() {
+                if !self.kept[num_consts + j] {
+                    continue;
+                }
+                if direct[j] {
+                    inputs.push(arg);
+                } else {
+                    count_fallback("jit: argument moved to the executable's sharding by JAX");
+                    let sharding = self.in_shardings[inputs.len()].bind(py);
+                    inputs.push(h.shard_arg.bind(py).call1((arg, sharding))?);
+                }
+            }
+            PyTuple::new(py, inputs)?.into_any()
+        };
+        self.run(py, &inputs)
+    }
+
+    fn run<'py>(&self, py: Python<'py>, inputs: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        let results = match self.execute_sharded.bind(py).call1((inputs,)) {
+            Ok(results) => results,
+            // A deleted or donated input is caught here rather than checked on every call;
+            // jaxlib refuses it, and JAX's own error is the one to raise.
+            Err(err) => {
+                for input in inputs.try_iter()? {
+                    check_not_deleted(&input?)?;
+                }
+                return Err(err);
+            }
+        };
+        let outs = results.call_method1(
+            intern!(py, "consume_with_handlers"),
+            (self.out_handlers.bind(py),),
+        )?;
+        if self.single_output {
+            return outs.get_item(0);
+        }
+        self.out_treedef
+            .bind(py)
+            .call_method1(intern!(py, "unflatten"), (outs,))
+    }
+}
+
+/// One argument as the executable takes it: an array on `sharding`.
+fn prepare_input<'py>(
+    py: Python<'py>,
+    h: &Handles,
+    leaf: &Bound<'py, PyAny>,
+    key: &LeafSignature,
+    sharding: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
+    match &key.kind {
+        LeafKind::Array { sharding: own, .. } => {
+            check_not_deleted(leaf)?;
+            if own.obj.is(sharding) || own.obj.bind(py).eq(sharding)? {
+                Ok(leaf.clone())
+            } else {
+                count_fallback("jit: argument moved to the executable's sharding by JAX");
+                h.shard_arg.bind(py).call1((leaf, sharding))
+            }
+        }
+        LeafKind::Numpy | LeafKind::Scalar => put_host_value(leaf, sharding, false),
+    }
+}

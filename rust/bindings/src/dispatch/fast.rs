@@ -1,0 +1,89 @@
+//! The identity check that lets a repeated call skip keying: positional `jax.Array`s only,
+//! carrying the very aval and sharding objects of a call already keyed, with the same
+//! commitment, under a trace context unchanged item by item.
+
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+
+use super::handles::Handles;
+use super::signature::{LeafKind, Signature};
+
+pub struct FastKey {
+    avals: Vec<Py<PyAny>>,
+    shardings: Vec<Py<PyAny>>,
+    committed: Vec<bool>,
+    context: Py<PyTuple>,
+    /// Whether each argument's sharding is the executable's input sharding (else JAX moves it).
+    pub direct: Vec<bool>,
+}
+
+impl FastKey {
+    /// The fast key of a call keyed by `signature`, if the call was flat: positional arrays
+    /// only. `in_sharding(i)` is the executable's sharding for argument `i`, if it takes it.
+    pub fn new(
+        py: Python<'_>,
+        signature: &Signature,
+        in_sharding: impl Fn(usize) -> Option<Py<PyAny>>,
+    ) -> PyResult<Option<Self>> {
+        if !signature.flat {
+            return Ok(None);
+        }
+        let Ok(context) = signature.context.obj.bind(py).cast::<PyTuple>() else {
+            return Ok(None);
+        };
+        let mut key = Self {
+            avals: Vec::new(),
+            shardings: Vec::new(),
+            committed: Vec::new(),
+            context: context.clone().unbind(),
+            direct: Vec::new(),
+        };
+        for (i, leaf) in signature.leaves.iter().enumerate() {
+            let LeafKind::Array {
+                sharding,
+                committed,
+                aval,
+            } = &leaf.kind
+            else {
+                return Ok(None);
+            };
+            key.avals.push(aval.clone_ref(py));
+            key.shardings.push(sharding.obj.clone_ref(py));
+            key.committed.push(*committed);
+            key.direct.push(match in_sharding(i) {
+                Some(s) => s.is(&sharding.obj) || s.bind(py).eq(sharding.obj.bind(py))?,
+                None => true,
+            });
+        }
+        Ok(Some(key))
+    }
+
+    /// Whether the positional `args` of a call without keywords match this key by identity.
+    pub fn matches(
+        &self,
+        py: Python<'_>,
+        h: &Handles,
+        args: &Bound<'_, PyTuple>,
+    ) -> PyResult<bool> {
+        if args.len() != self.avals.len() {
+            return Ok(false);
+        }
+        let array_type = h.array_impl.bind(py);
+        for (i, arg) in args.iter().enumerate() {
+            if !arg.get_type().is(array_type)
+                || !arg.getattr(intern!(py, "aval"))?.is(&self.avals[i])
+                || !arg.getattr(intern!(py, "sharding"))?.is(&self.shardings[i])
+                || arg.getattr(intern!(py, "committed"))?.is_truthy()? != self.committed[i]
+            {
+                return Ok(false);
+            }
+        }
+        let now = h.trace_context.bind(py).call0()?;
+        let Ok(now) = now.cast::<PyTuple>() else {
+            return Ok(false);
+        };
+        let then = self.context.bind(py);
+        Ok(now.len() == then.len() && now.iter().zip(then.iter()).all(|(a, b)| a.is(&b)))
+    }
+}

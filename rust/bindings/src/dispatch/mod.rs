@@ -1,0 +1,341 @@
+//! The jit dispatcher: a call goes straight into Rust, which keys it, finds the executable and
+//! runs it; only a cache miss (or a call JAX must trace) runs Python.
+
+mod entry;
+mod fast;
+mod handles;
+mod signature;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use pyo3::gc::PyVisit;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyString, PyTuple};
+use pyo3::PyTraverseError;
+
+use crate::stats::{count, count_fallback, Counter};
+use entry::Entry;
+use fast::FastKey;
+use handles::handles;
+use signature::{Signature, Unkeyable};
+
+/// A cached executable under its key.
+struct Cached {
+    signature: Signature,
+    entry: Entry,
+}
+
+/// The latest flat call: its executable, and the identities that a repeat of it shows.
+struct Latest {
+    cached: Arc<Cached>,
+    key: FastKey,
+}
+
+/// Executables by the hash of their key, bounded, least recently used evicted first.
+struct JitCache {
+    buckets: HashMap<u64, Vec<(Arc<Cached>, u64)>>,
+    len: usize,
+    clock: u64,
+}
+
+impl JitCache {
+    fn new() -> Self {
+        Self {
+            buckets: HashMap::new(),
+            len: 0,
+            clock: 0,
+        }
+    }
+
+    fn candidates(&mut self, hash: u64) -> Vec<Arc<Cached>> {
+        self.clock += 1;
+        let clock = self.clock;
+        self.buckets.get_mut(&hash).map_or_else(Vec::new, |bucket| {
+            bucket
+                .iter_mut()
+                .map(|(cached, used)| {
+                    *used = clock;
+                    cached.clone()
+                })
+                .collect()
+        })
+    }
+
+    fn insert(&mut self, cached: Arc<Cached>, capacity: usize) {
+        if self.len >= capacity {
+            self.evict_oldest();
+        }
+        self.clock += 1;
+        self.buckets
+            .entry(cached.signature.hash)
+            .or_default()
+            .push((cached, self.clock));
+        self.len += 1;
+    }
+
+    fn evict_oldest(&mut self) {
+        let oldest = self
+            .buckets
+            .iter()
+            .flat_map(|(&hash, bucket)| {
+                bucket
+                    .iter()
+                    .enumerate()
+                    .map(move |(i, (_, used))| (*used, hash, i))
+            })
+            .min();
+        if let Some((_, hash, i)) = oldest {
+            let bucket = self.buckets.get_mut(&hash).expect("the bucket just seen");
+            bucket.swap_remove(i);
+            if bucket.is_empty() {
+                self.buckets.remove(&hash);
+            }
+            self.len -= 1;
+        }
+    }
+
+    fn clear(&mut self) {
+        self.buckets.clear();
+        self.len = 0;
+    }
+}
+
+/// A call split into its static arguments and the dynamic rest.
+struct SplitCall<'py> {
+    statics: Vec<Bound<'py, PyAny>>,
+    args: Bound<'py, PyTuple>,
+    kwargs: Bound<'py, PyDict>,
+}
+
+/// The callable that `fastpjit.jit` returns (Python subclasses add `lower`, `trace`, ...).
+#[pyclass(module = "fastpjit._core", subclass)]
+pub struct JitFunction {
+    /// JAX's `jax.jit` of the same function with the same options: it traces on a miss and
+    /// runs every call that JAX must handle (tracers, effects).
+    jitted: Option<Py<PyAny>>,
+    static_argnums: Vec<usize>,
+    static_argnames: Vec<Py<PyString>>,
+    capacity: usize,
+    cache: Mutex<JitCache>,
+    /// The latest flat call, tried first by identity.
+    latest: Mutex<Option<Arc<Latest>>>,
+}
+
+impl JitFunction {
+    fn latest(&self) -> Option<Arc<Latest>> {
+        self.latest
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Remembers `cached` as the executable of a call that `signature` keyed, when that call
+    /// can be recognised again by identity alone.
+    fn set_latest(
+        &self,
+        py: Python<'_>,
+        cached: &Arc<Cached>,
+        signature: &Signature,
+    ) -> PyResult<()> {
+        let key = FastKey::new(py, signature, |j| cached.entry.in_sharding_of_arg(py, j))?;
+        *self.latest.lock().unwrap_or_else(PoisonError::into_inner) = key.map(|key| {
+            Arc::new(Latest {
+                cached: cached.clone(),
+                key,
+            })
+        });
+        Ok(())
+    }
+
+    fn jitted<'py>(&self, py: Python<'py>) -> PyResult<&Bound<'py, PyAny>> {
+        self.jitted.as_ref().map(|j| j.bind(py)).ok_or_else(|| {
+            pyo3::exceptions::PyRuntimeError::new_err("this jit function was cleared")
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, JitCache> {
+        self.cache.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Splits a call into static arguments (by position, then name) and the dynamic rest.
+    fn split<'py>(
+        &self,
+        py: Python<'py>,
+        args: &Bound<'py, PyTuple>,
+        kwargs: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<SplitCall<'py>> {
+        let mut statics = Vec::new();
+        let dynamic_args = if self.static_argnums.is_empty() {
+            args.clone()
+        } else {
+            let mut dynamic = Vec::with_capacity(args.len());
+            for (i, arg) in args.iter().enumerate() {
+                if self.static_argnums.contains(&i) {
+                    statics.push(arg);
+                } else {
+                    dynamic.push(arg);
+                }
+            }
+            PyTuple::new(py, dynamic)?
+        };
+        let dynamic_kwargs = PyDict::new(py);
+        if let Some(kwargs) = kwargs {
+            for (name, value) in kwargs.iter() {
+                if self
+                    .static_argnames
+                    .iter()
+                    .any(|s| s.bind(py).as_any().eq(&name).unwrap_or(false))
+                {
+                    statics.push(PyTuple::new(py, [name, value])?.into_any());
+                } else {
+                    dynamic_kwargs.set_item(name, value)?;
+                }
+            }
+        }
+        Ok(SplitCall {
+            statics,
+            args: dynamic_args,
+            kwargs: dynamic_kwargs,
+        })
+    }
+
+    fn lookup(&self, py: Python<'_>, signature: &Signature) -> PyResult<Option<Arc<Cached>>> {
+        // Comparing keys may run Python (`__eq__`), so it happens outside the lock.
+        let candidates = self.lock().candidates(signature.hash);
+        for cached in candidates {
+            if cached.signature.matches(py, signature)? {
+                return Ok(Some(cached));
+            }
+        }
+        Ok(None)
+    }
+}
+
+#[pymethods]
+impl JitFunction {
+    #[new]
+    #[pyo3(signature = (jitted, static_argnums, static_argnames, capacity = 4096))]
+    fn new(
+        jitted: Py<PyAny>,
+        static_argnums: Vec<usize>,
+        static_argnames: Vec<Py<PyString>>,
+        capacity: usize,
+    ) -> Self {
+        Self {
+            jitted: Some(jitted),
+            static_argnums,
+            static_argnames,
+            capacity: capacity.max(1),
+            cache: Mutex::new(JitCache::new()),
+            latest: Mutex::new(None),
+        }
+    }
+
+    #[pyo3(signature = (*args, **kwargs))]
+    fn __call__<'py>(
+        &self,
+        py: Python<'py>,
+        args: &Bound<'py, PyTuple>,
+        kwargs: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let h = handles(py)?;
+        let positional_only =
+            kwargs.is_none_or(PyDictMethods::is_empty) && self.static_argnums.is_empty();
+        if positional_only {
+            if let Some(latest) = self.latest() {
+                if latest.key.matches(py, h, args)? {
+                    count(Counter::CacheHit);
+                    return latest
+                        .cached
+                        .entry
+                        .call_fast(py, h, args, &latest.key.direct);
+                }
+            }
+        }
+        let call = self.split(py, args, kwargs)?;
+        let (leaves, treedef): (Bound<'py, PyList>, Bound<'py, PyAny>) = h
+            .flatten
+            .bind(py)
+            .call1(((call.args, call.kwargs),))?
+            .extract()?;
+        let leaves: Vec<Bound<'py, PyAny>> = leaves.iter().collect();
+        let flat = positional_only
+            && leaves.len() == args.len()
+            && leaves
+                .iter()
+                .zip(args.iter())
+                .all(|(leaf, arg)| leaf.is(&arg));
+        let signature = match Signature::new(py, h, &call.statics, &treedef, &leaves, flat)? {
+            Ok(signature) => signature,
+            Err(reason) => {
+                count_fallback(match reason {
+                    Unkeyable::Leaf => {
+                        "jit: an argument is a tracer or not an array; JAX's jit runs the call"
+                    }
+                    Unkeyable::UnhashableStatic => {
+                        "jit: a static argument has no hash; JAX's jit runs the call"
+                    }
+                });
+                return self.jitted(py)?.call(args, kwargs);
+            }
+        };
+        if let Some(cached) = self.lookup(py, &signature)? {
+            count(Counter::CacheHit);
+            self.set_latest(py, &cached, &signature)?;
+            return cached.entry.call(py, h, &leaves, &signature.leaves);
+        }
+        count(Counter::CacheMiss);
+        let kwargs = kwargs.map_or_else(|| PyDict::new(py), Clone::clone);
+        let (outs, entry, compiles): (Bound<'py, PyAny>, Bound<'py, PyAny>, u64) = h
+            .jit_cache_miss
+            .bind(py)
+            .call1((self.jitted(py)?, args, kwargs))?
+            .extract()?;
+        count(Counter::Compile(compiles));
+        if entry.is_none() {
+            count_fallback("jit: JAX keeps this function off its fast path (effects or layouts)");
+        } else {
+            let cached = Arc::new(Cached {
+                entry: Entry::from_miss(&entry)?,
+                signature,
+            });
+            self.set_latest(py, &cached, &cached.signature)?;
+            self.lock().insert(cached, self.capacity);
+        }
+        Ok(outs)
+    }
+
+    /// The number of executables cached.
+    #[pyo3(name = "_cache_size")]
+    fn cache_size(&self) -> usize {
+        self.lock().len
+    }
+
+    /// Forgets every cached executable.
+    #[pyo3(name = "_clear_cache")]
+    fn clear_cache(&self) {
+        self.lock().clear();
+        *self.latest.lock().unwrap_or_else(PoisonError::into_inner) = None;
+    }
+
+    #[getter(_jitted)]
+    fn jitted_function(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        Ok(self.jitted(py)?.clone().unbind())
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        if let Some(jitted) = &self.jitted {
+            visit.call(jitted)?;
+        }
+        for name in &self.static_argnames {
+            visit.call(name)?;
+        }
+        Ok(())
+    }
+
+    fn __clear__(&mut self) {
+        self.jitted = None;
+        self.clear_cache();
+    }
+}
