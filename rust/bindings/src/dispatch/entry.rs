@@ -96,7 +96,11 @@ impl Entry {
         let num_consts = self.const_args.len();
         let all_direct =
             num_consts == 0 && self.kept.iter().all(|&k| k) && direct.iter().all(|&d| d);
+        // jaxlib can crash on a deleted or donated input, so every input is checked first.
         let inputs = if all_direct {
+            for arg in args.iter() {
+                check_not_deleted(&arg)?;
+            }
             args.clone().into_any()
         } else {
             let mut inputs: Vec<Bound<'py, PyAny>> = Vec::with_capacity(self.in_shardings.len());
@@ -109,6 +113,7 @@ impl Entry {
                 if !self.kept[num_consts + j] {
                     continue;
                 }
+                check_not_deleted(&arg)?;
                 if direct[j] {
                     inputs.push(arg);
                 } else {
@@ -123,17 +128,7 @@ impl Entry {
     }
 
     fn run<'py>(&self, py: Python<'py>, inputs: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-        let results = match self.execute_sharded.bind(py).call1((inputs,)) {
-            Ok(results) => results,
-            // A deleted or donated input is caught here rather than checked on every call;
-            // jaxlib refuses it, and JAX's own error is the one to raise.
-            Err(err) => {
-                for input in inputs.try_iter()? {
-                    check_not_deleted(&input?)?;
-                }
-                return Err(err);
-            }
-        };
+        let results = self.execute_sharded.bind(py).call1((inputs,))?;
         let outs = results.call_method1(
             intern!(py, "consume_with_handlers"),
             (self.out_handlers.bind(py),),
