@@ -17,7 +17,7 @@ from fastpjit.sharding import (
     parse_hlo_sharding,
     shard_shape,
 )
-from fastpjit.jit import jit
+from fastpjit.jit import jit, pjit
 from fastpjit.transfer import device_get, device_put
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "indices_array",
     "jit",
     "parse_hlo_sharding",
+    "pjit",
     "reset_stats",
     "shard_shape",
     "stats",

@@ -5,15 +5,25 @@ A JAX upgrade that moves any of these names should need changes here and nowhere
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import numpy as np
+from jax._src import config as _config
 from jax._src import core as _core
 from jax._src import dispatch as _dispatch
 from jax._src import dtypes as _dtypes
+from jax._src import mesh as _mesh
 from jax._src import named_sharding as _named_sharding
+from jax._src import op_shardings as _op_shardings
+from jax._src import pjit as _pjit
 from jax._src import sharding as _sharding
+from jax._src import sharding_impls as _sharding_impls
+from jax._src import stages as _stages
+from jax._src import tree_util as _tree_util
+from jax._src import util as _util
+from jax._src.interpreters import pxla as _pxla
 from jax._src.lib import xla_client as xc
 from jax._src.sharding_impls import GSPMDSharding
 
@@ -23,7 +33,10 @@ DuplicateSpecError = _named_sharding.DuplicateSpecError
 __all__ = [
     "DuplicateSpecError",
     "flatten_for_dispatch",
+    "aot_cache_miss",
     "jit_cache_miss",
+    "in_legacy_mesh_context",
+    "legacy_pjit",
     "jit_static_args",
     "shard_arg",
     "trace_context",
@@ -103,11 +116,6 @@ def cache_host_value(array: Any, value: np.ndarray) -> None:
 
 # jit: the cache miss that JAX's own C++ dispatcher would run, and what a hit needs.
 
-from jax._src import config as _config  # noqa: E402
-from jax._src import pjit as _pjit  # noqa: E402
-from jax._src import tree_util as _tree_util  # noqa: E402
-from jax._src.interpreters import pxla as _pxla  # noqa: E402
-
 # C++ callables that the Rust dispatcher calls on every call.
 trace_context = _config.trace_context
 flatten_for_dispatch = _tree_util.dispatch_registry.flatten
@@ -153,14 +161,57 @@ def _jit_miss(jitted: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tup
         _pjit._run_python_pjit(p, args_flat, fun, args, kwargs))
     fast = _pjit._get_fastpath_data(executable, out_tree, args_flat, out_flat, jaxpr.effects,
                                     jaxpr.consts, profiler, const_args)
+    return outs, _dispatch_entry(fast)
+
+
+def _dispatch_entry(fast: Any) -> tuple[Any, ...] | None:
+    """What fastpjit's dispatcher keeps of JAX's fast-path data, or None without a fast path."""
     if fast is None or any(layout is not None for layout in fast.in_device_local_layouts):
-        return outs, None
+        return None
     handlers = [xc.array_result_handler(aval, sharding, committed=committed, _skip_checks=True)
                 for aval, sharding, committed
-                in zip(fast.out_avals, fast.out_shardings, fast.out_committed)]
-    entry = (fast.xla_executable, fast.out_pytree_def, list(fast.in_shardings), handlers,
-             [bool(k) for k in fast.kept_var_bitvec], list(fast.const_args))
-    return outs, entry
+                in zip(fast.out_avals, fast.out_shardings, fast.out_committed, strict=True)]
+    return (fast.xla_executable, fast.out_pytree_def, list(fast.in_shardings), handlers,
+            [bool(k) for k in fast.kept_var_bitvec], list(fast.const_args))
+
+
+def aot_cache_miss(
+    compiled: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[Any, Any, int]:
+    """The cache miss of an ahead-of-time compiled function, as JAX's C++ dispatcher runs it:
+    JAX checks and runs the call; the entry is as `jit_cache_miss` gives it."""
+    executable, params = compiled._executable, compiled._params
+    call = getattr(executable, "unsafe_call", None)
+    fast_path = (isinstance(call, _pxla.ExecuteReplicated) and not call.has_unordered_effects
+                 and not call.has_host_callbacks)
+    if not fast_path:
+        return compiled(*args, **kwargs), None, 0
+    params = params._replace(const_args=executable.shard_const_args(params.const_args))
+    outs, out_flat, args_flat = _stages.Compiled.call(params, *args, **kwargs)
+    out_flat, out_tree = _pxla.reflatten_outputs_for_dispatch(params.out_tree, out_flat)
+    if params.is_high or executable._mut or not all(isinstance(x, xc.ArrayImpl) for x in out_flat):
+        return outs, None, 0
+    in_shardings = [
+        _sharding_impls.physical_sharding(a, s)
+        if a is not _core.abstract_token and _dtypes.issubdtype(a.dtype, _dtypes.extended)
+        else s
+        for s, a in zip(executable._in_shardings, executable.in_avals, strict=True)]
+    kept = [i in executable._kept_var_idx for i in range(len(params.const_args) + len(args_flat))]
+    fast = _pxla.MeshExecutableFastpathData(
+        executable.xla_executable, out_tree, in_shardings, executable._out_shardings,
+        [o.aval for o in out_flat], [o._committed for o in out_flat], kept,
+        executable._dispatch_in_layouts, params.const_args)
+    return outs, _dispatch_entry(fast), 0
+
+
+def legacy_pjit(fun: Any, **options: Any) -> Any:
+    """The deprecated jax.experimental.pjit.pjit, which still honours `with mesh:`."""
+    return _pjit.pjit(fun, **options)
+
+
+def in_legacy_mesh_context() -> bool:
+    """Whether an old-style `with mesh:` block is active on this thread."""
+    return not _mesh.thread_resources.env.physical_mesh.empty
 
 
 def shard_arg(x: Any, sharding: Any) -> Any:
@@ -170,9 +221,6 @@ def shard_arg(x: Any, sharding: Any) -> Any:
 
 # For benchmarks and tests
 
-from jax._src import op_shardings as _op_shardings  # noqa: E402
-from jax._src import sharding_impls as _sharding_impls  # noqa: E402
-from jax._src import util as _util  # noqa: E402
 
 _INDEX_MAP_CACHES = (
     _sharding.common_devices_indices_map,
@@ -201,3 +249,18 @@ def jax_indices_from_named(
     """JAX's own per-position indices of a NamedSharding, abstract meshes included."""
     hlo = _named_sharding.named_sharding_to_xla_hlo_sharding(sharding, len(shape))
     return _op_shardings.op_sharding_to_indices(hlo, shape, num_devices)
+
+
+def compiled_parts(compiled: Any) -> tuple[Any, list[Any], Any]:
+    """A Compiled's LoadedExecutable, result handlers and output treedef; flat inputs only."""
+    executable = compiled._executable
+    kept_all = executable._kept_var_idx == set(range(compiled.in_tree.num_leaves))
+    if compiled._params.const_args or not kept_all:
+        raise ValueError("the executable's inputs are not the call's flat arguments")
+    handlers = list(executable.unsafe_call.out_handler.handlers)
+    return executable.xla_executable, handlers, compiled.out_tree
+
+
+def backend_compiles() -> int:
+    """How many backend compiles JAX has run in this process so far."""
+    return _backend_compiles

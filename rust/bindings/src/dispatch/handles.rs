@@ -9,7 +9,6 @@ use crate::sharding::private;
 pub struct Handles {
     pub trace_context: Py<PyAny>,
     pub flatten: Py<PyAny>,
-    pub jit_cache_miss: Py<PyAny>,
     pub shard_arg: Py<PyAny>,
     pub array_impl: Py<PyType>,
     pub ndarray: Py<PyType>,
@@ -30,7 +29,6 @@ pub fn handles(py: Python<'_>) -> PyResult<&Handles> {
         Ok(Handles {
             trace_context: get(jax, "trace_context")?,
             flatten: get(jax, "flatten_for_dispatch")?,
-            jit_cache_miss: get(jax, "jit_cache_miss")?,
             shard_arg: get(jax, "shard_arg")?,
             array_impl: get_type(&py.import("jax._src.array")?, "ArrayImpl")?,
             ndarray: get_type(&numpy, "ndarray")?,

@@ -108,12 +108,15 @@ struct SplitCall<'py> {
     kwargs: Bound<'py, PyDict>,
 }
 
-/// The callable that `fastpjit.jit` returns (Python subclasses add `lower`, `trace`, ...).
+/// The dispatcher behind `fastpjit.jit` and its compiled (AOT) functions; Python subclasses
+/// add `lower`, `trace`, ...
 #[pyclass(module = "fastpjit._core", subclass)]
 pub struct JitFunction {
-    /// JAX's `jax.jit` of the same function with the same options: it traces on a miss and
-    /// runs every call that JAX must handle (tracers, effects).
-    jitted: Option<Py<PyAny>>,
+    /// JAX's callable for the same computation (`jax.jit(f)`, or a `Compiled`): it runs every
+    /// call that JAX must handle (tracers, unhashable statics).
+    fallback: Option<Py<PyAny>>,
+    /// `miss(args, kwargs) -> (outputs, entry or None, compiles)`: JAX's cache miss.
+    miss: Option<Py<PyAny>>,
     static_argnums: Vec<usize>,
     static_argnames: Vec<Py<PyString>>,
     capacity: usize,
@@ -148,8 +151,12 @@ impl JitFunction {
         Ok(())
     }
 
-    fn jitted<'py>(&self, py: Python<'py>) -> PyResult<&Bound<'py, PyAny>> {
-        self.jitted.as_ref().map(|j| j.bind(py)).ok_or_else(|| {
+    /// A callable slot; `None` only after the garbage collector cleared it.
+    fn callable<'a, 'py>(
+        py: Python<'py>,
+        slot: Option<&'a Py<PyAny>>,
+    ) -> PyResult<&'a Bound<'py, PyAny>> {
+        slot.map(|f| f.bind(py)).ok_or_else(|| {
             pyo3::exceptions::PyRuntimeError::new_err("this jit function was cleared")
         })
     }
@@ -215,15 +222,17 @@ impl JitFunction {
 #[pymethods]
 impl JitFunction {
     #[new]
-    #[pyo3(signature = (jitted, static_argnums, static_argnames, capacity = 4096))]
+    #[pyo3(signature = (fallback, miss, static_argnums, static_argnames, capacity = 4096))]
     fn new(
-        jitted: Py<PyAny>,
+        fallback: Py<PyAny>,
+        miss: Py<PyAny>,
         static_argnums: Vec<usize>,
         static_argnames: Vec<Py<PyString>>,
         capacity: usize,
     ) -> Self {
         Self {
-            jitted: Some(jitted),
+            fallback: Some(fallback),
+            miss: Some(miss),
             static_argnums,
             static_argnames,
             capacity: capacity.max(1),
@@ -277,7 +286,7 @@ impl JitFunction {
                         "jit: a static argument has no hash; JAX's jit runs the call"
                     }
                 });
-                return self.jitted(py)?.call(args, kwargs);
+                return Self::callable(py, self.fallback.as_ref())?.call(args, kwargs);
             }
         };
         if let Some(cached) = self.lookup(py, &signature)? {
@@ -287,11 +296,10 @@ impl JitFunction {
         }
         count(Counter::CacheMiss);
         let kwargs = kwargs.map_or_else(|| PyDict::new(py), Clone::clone);
-        let (outs, entry, compiles): (Bound<'py, PyAny>, Bound<'py, PyAny>, u64) = h
-            .jit_cache_miss
-            .bind(py)
-            .call1((self.jitted(py)?, args, kwargs))?
-            .extract()?;
+        let (outs, entry, compiles): (Bound<'py, PyAny>, Bound<'py, PyAny>, u64) =
+            Self::callable(py, self.miss.as_ref())?
+                .call1((args, kwargs))?
+                .extract()?;
         count(Counter::Compile(compiles));
         if entry.is_none() {
             count_fallback("jit: JAX keeps this function off its fast path (effects or layouts)");
@@ -319,14 +327,9 @@ impl JitFunction {
         *self.latest.lock().unwrap_or_else(PoisonError::into_inner) = None;
     }
 
-    #[getter(_jitted)]
-    fn jitted_function(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        Ok(self.jitted(py)?.clone().unbind())
-    }
-
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        if let Some(jitted) = &self.jitted {
-            visit.call(jitted)?;
+        for callable in [&self.fallback, &self.miss].into_iter().flatten() {
+            visit.call(callable)?;
         }
         for name in &self.static_argnames {
             visit.call(name)?;
@@ -335,7 +338,8 @@ impl JitFunction {
     }
 
     fn __clear__(&mut self) {
-        self.jitted = None;
+        self.fallback = None;
+        self.miss = None;
         self.clear_cache();
     }
 }
