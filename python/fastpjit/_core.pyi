@@ -3,6 +3,8 @@
 from collections.abc import Sequence
 from typing import Any
 
+from typing_extensions import Self, disjoint_base
+
 import numpy as np
 import numpy.typing as npt
 
@@ -39,15 +41,16 @@ def device_put_leaf(x: Any, sharding: Any, committed: bool = True) -> Any: ...
 def device_get_leaf(x: Any) -> Any: ...
 def transfer_cache_sizes() -> tuple[int, int, int]: ...
 
+@disjoint_base
 class JitFunction:
-    def __init__(
-        self,
+    def __new__(
+        cls,
         fallback: Any,
         miss: Any,
         static_argnums: Sequence[int],
         static_argnames: Sequence[str],
         capacity: int = 4096,
-    ) -> None: ...
+    ) -> Self: ...
     def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
     def _cache_size(self) -> int: ...
     def _clear_cache(self) -> None: ...
