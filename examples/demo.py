@@ -10,12 +10,11 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import time  # noqa: E402
 
+import fastpjit  # noqa: E402
 import jax  # noqa: E402
+from fastpjit import _jax  # noqa: E402
 from jax.sharding import AbstractMesh, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
-
-import fastpjit  # noqa: E402
-from fastpjit import _jax  # noqa: E402
 
 
 def show_index(index):

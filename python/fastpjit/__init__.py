@@ -6,9 +6,10 @@ the shard and unshard work done in Rust.
 
 from __future__ import annotations
 
-from fastpjit._core import __version__
-from fastpjit._core import reset_stats, stats
+from fastpjit._core import __version__, reset_stats, stats
 from fastpjit.errors import DuplicateSpecError, IndivisibleError, ShardingRankError
+from fastpjit.jit import jit, pjit
+from fastpjit.pmap import pmap
 from fastpjit.sharding import (
     addressable_devices_indices_map,
     device_replica_id_map,
@@ -17,7 +18,6 @@ from fastpjit.sharding import (
     parse_hlo_sharding,
     shard_shape,
 )
-from fastpjit.jit import jit, pjit
 from fastpjit.transfer import device_get, device_put
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "jit",
     "parse_hlo_sharding",
     "pjit",
+    "pmap",
     "reset_stats",
     "shard_shape",
     "stats",

@@ -1,12 +1,11 @@
 """Type stub of the native module fastpjit._core, checked against it by mypy.stubtest."""
 
 from collections.abc import Sequence
-from typing import Any
-
-from typing_extensions import Self, disjoint_base
+from typing import Any, Self
 
 import numpy as np
 import numpy.typing as npt
+from typing_extensions import disjoint_base
 
 __all__ = [
     "JitFunction",
@@ -29,7 +28,9 @@ __version__: str
 def stats() -> dict[str, Any]: ...
 def reset_stats() -> None: ...
 def count_fallback(reason: str) -> None: ...
-def devices_indices_map(sharding: Any, global_shape: Sequence[int]) -> dict[Any, tuple[slice, ...]]: ...
+def devices_indices_map(
+    sharding: Any, global_shape: Sequence[int]
+) -> dict[Any, tuple[slice, ...]]: ...
 def addressable_devices_indices_map(
     sharding: Any, global_shape: Sequence[int]
 ) -> dict[Any, tuple[slice, ...]]: ...
@@ -49,6 +50,7 @@ class JitFunction:
         miss: Any,
         static_argnums: Sequence[int],
         static_argnames: Sequence[str],
+        kind: str = "jit",
         capacity: int = 4096,
     ) -> Self: ...
     def __call__(self, *args: Any, **kwargs: Any) -> Any: ...

@@ -37,6 +37,7 @@ __all__ = [
     "jit_cache_miss",
     "in_legacy_mesh_context",
     "legacy_pjit",
+    "pmap_cache_miss",
     "jit_static_args",
     "shard_arg",
     "trace_context",
@@ -212,6 +213,27 @@ def legacy_pjit(fun: Any, **options: Any) -> Any:
 def in_legacy_mesh_context() -> bool:
     """Whether an old-style `with mesh:` block is active on this thread."""
     return not _mesh.thread_resources.env.physical_mesh.empty
+
+
+def pmap_cache_miss(
+    pmapped: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[Any, Any, int]:
+    """The cache miss of a jax.pmap function: JAX's pmap resolves its parameters and the jit
+    over shard_map that it calls, whose miss is `jit_cache_miss`'s. Multi-process pmaps, which
+    convert host-local arrays in Python, run in JAX without an entry."""
+    infer_params = _closure_variable(pmapped, "infer_params")
+    _, jitted, args_flat, _, _, process_count, trace_state_clean = infer_params(*args, **kwargs)
+    if process_count > 1 or not trace_state_clean:
+        return pmapped(*args, **kwargs), None, 0
+    return jit_cache_miss(jitted, tuple(args_flat), {})
+
+
+def _closure_variable(function: Any, name: str) -> Any:
+    """A variable that `function` closes over; jax.pmap keeps its parameter inference so."""
+    code = function.__code__
+    if name not in code.co_freevars:
+        raise RuntimeError(f"{function!r} no longer closes over {name!r}; update fastpjit._jax")
+    return function.__closure__[code.co_freevars.index(name)].cell_contents
 
 
 def shard_arg(x: Any, sharding: Any) -> Any:

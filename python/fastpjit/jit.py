@@ -77,7 +77,8 @@ class Compiled(_core.JitFunction):
 
     @classmethod
     def of(cls, compiled: Any) -> Compiled:
-        wrapped = cls(compiled, functools.partial(_jax.aot_cache_miss, compiled), [], [])
+        wrapped = cls(compiled, functools.partial(_jax.aot_cache_miss, compiled), [], [],
+                      kind="compiled")
         wrapped._compiled = compiled
         return wrapped
 
@@ -129,7 +130,7 @@ def _wrap_pjit(fun: Callable[..., Any], options: dict[str, Any]) -> JitWrapped:
         return _jax.jit_cache_miss(wrapped._active, args, kwargs)
 
     argnums, argnames = _jax.jit_static_args(jitted)
-    wrapped = _PjitWrapped(fallback, miss, list(argnums), list(argnames))
+    wrapped = _PjitWrapped(fallback, miss, list(argnums), list(argnames), kind="pjit")
     wrapped._jitted, wrapped._legacy = jitted, legacy
     functools.update_wrapper(wrapped, fun)
     return wrapped

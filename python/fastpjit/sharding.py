@@ -6,7 +6,8 @@ SingleDeviceSharding, GSPMDSharding, or one made by `parse_hlo_sharding`) and a 
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from jax.errors import JaxRuntimeError
 

@@ -54,6 +54,7 @@ impl Entry {
         h: &Handles,
         leaves: &[Bound<'py, PyAny>],
         signature: &[LeafSignature],
+        kind: &str,
     ) -> PyResult<Bound<'py, PyAny>> {
         let num_consts = self.const_args.len();
         let mut inputs: Vec<Bound<'py, PyAny>> = Vec::with_capacity(self.in_shardings.len());
@@ -67,7 +68,7 @@ impl Entry {
                 continue;
             }
             let sharding = self.in_shardings[inputs.len()].bind(py);
-            inputs.push(prepare_input(py, h, leaf, key, sharding)?);
+            inputs.push(prepare_input(py, h, leaf, key, sharding, kind)?);
         }
         self.run(py, &PyTuple::new(py, inputs)?.into_any())
     }
@@ -92,6 +93,7 @@ impl Entry {
         h: &Handles,
         args: &Bound<'py, PyTuple>,
         direct: &[bool],
+        kind: &str,
     ) -> PyResult<Bound<'py, PyAny>> {
         let num_consts = self.const_args.len();
         let all_direct =
@@ -117,7 +119,7 @@ impl Entry {
                 if direct[j] {
                     inputs.push(arg);
                 } else {
-                    count_fallback("jit: argument moved to the executable's sharding by JAX");
+                    count_moved(kind);
                     let sharding = self.in_shardings[inputs.len()].bind(py);
                     inputs.push(h.shard_arg.bind(py).call1((arg, sharding))?);
                 }
@@ -142,6 +144,12 @@ impl Entry {
     }
 }
 
+fn count_moved(kind: &str) {
+    count_fallback(&format!(
+        "{kind}: an argument moved to the executable's sharding by JAX"
+    ));
+}
+
 /// One argument as the executable takes it: an array on `sharding`.
 fn prepare_input<'py>(
     py: Python<'py>,
@@ -149,6 +157,7 @@ fn prepare_input<'py>(
     leaf: &Bound<'py, PyAny>,
     key: &LeafSignature,
     sharding: &Bound<'py, PyAny>,
+    kind: &str,
 ) -> PyResult<Bound<'py, PyAny>> {
     match &key.kind {
         LeafKind::Array { sharding: own, .. } => {
@@ -156,7 +165,7 @@ fn prepare_input<'py>(
             if own.obj.is(sharding) || own.obj.bind(py).eq(sharding)? {
                 Ok(leaf.clone())
             } else {
-                count_fallback("jit: argument moved to the executable's sharding by JAX");
+                count_moved(kind);
                 h.shard_arg.bind(py).call1((leaf, sharding))
             }
         }

@@ -120,6 +120,8 @@ pub struct JitFunction {
     static_argnums: Vec<usize>,
     static_argnames: Vec<Py<PyString>>,
     capacity: usize,
+    /// What the function is (`jit`, `pmap`, `compiled`), for the reasons of its fallbacks.
+    kind: String,
     cache: Mutex<JitCache>,
     /// The latest flat call, tried first by identity.
     latest: Mutex<Option<Arc<Latest>>>,
@@ -222,12 +224,13 @@ impl JitFunction {
 #[pymethods]
 impl JitFunction {
     #[new]
-    #[pyo3(signature = (fallback, miss, static_argnums, static_argnames, capacity = 4096))]
+    #[pyo3(signature = (fallback, miss, static_argnums, static_argnames, kind = "jit", capacity = 4096))]
     fn new(
         fallback: Py<PyAny>,
         miss: Py<PyAny>,
         static_argnums: Vec<usize>,
         static_argnames: Vec<Py<PyString>>,
+        kind: &str,
         capacity: usize,
     ) -> Self {
         Self {
@@ -236,6 +239,7 @@ impl JitFunction {
             static_argnums,
             static_argnames,
             capacity: capacity.max(1),
+            kind: kind.to_owned(),
             cache: Mutex::new(JitCache::new()),
             latest: Mutex::new(None),
         }
@@ -255,10 +259,13 @@ impl JitFunction {
             if let Some(latest) = self.latest() {
                 if latest.key.matches(py, h, args)? {
                     count(Counter::CacheHit);
-                    return latest
-                        .cached
-                        .entry
-                        .call_fast(py, h, args, &latest.key.direct);
+                    return latest.cached.entry.call_fast(
+                        py,
+                        h,
+                        args,
+                        &latest.key.direct,
+                        &self.kind,
+                    );
                 }
             }
         }
@@ -278,21 +285,22 @@ impl JitFunction {
         let signature = match Signature::new(py, h, &call.statics, &treedef, &leaves, flat)? {
             Ok(signature) => signature,
             Err(reason) => {
-                count_fallback(match reason {
-                    Unkeyable::Leaf => {
-                        "jit: an argument is a tracer or not an array; JAX's jit runs the call"
-                    }
+                let why = match reason {
+                    Unkeyable::Leaf => "an argument is a tracer or not an array; JAX runs the call",
                     Unkeyable::UnhashableStatic => {
-                        "jit: a static argument has no hash; JAX's jit runs the call"
+                        "a static argument has no hash; JAX runs the call"
                     }
-                });
+                };
+                count_fallback(&format!("{}: {why}", self.kind));
                 return Self::callable(py, self.fallback.as_ref())?.call(args, kwargs);
             }
         };
         if let Some(cached) = self.lookup(py, &signature)? {
             count(Counter::CacheHit);
             self.set_latest(py, &cached, &signature)?;
-            return cached.entry.call(py, h, &leaves, &signature.leaves);
+            return cached
+                .entry
+                .call(py, h, &leaves, &signature.leaves, &self.kind);
         }
         count(Counter::CacheMiss);
         let kwargs = kwargs.map_or_else(|| PyDict::new(py), Clone::clone);
@@ -302,7 +310,10 @@ impl JitFunction {
                 .extract()?;
         count(Counter::Compile(compiles));
         if entry.is_none() {
-            count_fallback("jit: JAX keeps this function off its fast path (effects or layouts)");
+            count_fallback(&format!(
+                "{}: JAX keeps this function off its fast path (effects or layouts)",
+                self.kind
+            ));
         } else {
             let cached = Arc::new(Cached {
                 entry: Entry::from_miss(&entry)?,
