@@ -165,8 +165,10 @@ impl Signature {
                 return Ok(false);
             }
         }
+        // As in JAX, equal static arguments of different types (1, 1.0, True) are different
+        // keys: each may trace to a different program.
         for (a, b) in self.statics.iter().zip(&other.statics) {
-            if !a.matches(py, b)? {
+            if !a.obj.bind(py).get_type().is(b.obj.bind(py).get_type()) || !a.matches(py, b)? {
                 return Ok(false);
             }
         }
