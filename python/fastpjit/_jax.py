@@ -5,6 +5,7 @@ A JAX upgrade that moves any of these names should need changes here and nowhere
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -117,9 +118,20 @@ def cache_host_value(array: Any, value: np.ndarray) -> None:
 
 # jit: the cache miss that JAX's own C++ dispatcher would run, and what a hit needs.
 
-# C++ callables that the Rust dispatcher calls on every call.
-trace_context = _config.trace_context
+# Callables that the Rust dispatcher calls on every call.
 flatten_for_dispatch = _tree_util.dispatch_registry.flatten
+_trace_context = _config.trace_context
+# JAX's dispatcher keys on its jit key: the trace context and these states, which only the
+# compile sees (jax.set_mesh's concrete mesh: two meshes of one abstract mesh trace alike).
+_device_context = _config.device_context
+_optimization_level = _config.optimization_level
+_memory_fitting_level = _config.memory_fitting_level
+
+
+def trace_context() -> tuple[Any, ...]:
+    """JAX's jit key, flat: the trace context, then the states only in the jit key."""
+    return (*_trace_context(), _device_context.value, _optimization_level.value,
+            _memory_fitting_level.value)
 
 
 def jit_static_args(jitted: Any) -> tuple[tuple[int, ...], tuple[str, ...]]:
@@ -129,12 +141,20 @@ def jit_static_args(jitted: Any) -> tuple[tuple[int, ...], tuple[str, ...]]:
 
 
 _backend_compiles = 0
+# Compiles by the thread that runs them: a miss counts its own, not those of misses that
+# other threads run meanwhile.
+_compiles_on_thread = threading.local()
 
 
 def _count_backend_compile(event: str, duration: float, **_: Any) -> None:
     global _backend_compiles
     if event == _dispatch.BACKEND_COMPILE_EVENT:
         _backend_compiles += 1
+        _compiles_on_thread.count = _thread_compiles() + 1
+
+
+def _thread_compiles() -> int:
+    return getattr(_compiles_on_thread, "count", 0)
 
 
 jax.monitoring.register_event_duration_secs_listener(_count_backend_compile)
@@ -150,9 +170,12 @@ def jit_cache_miss(
     inputs, output result handlers, kept-input flags over [consts, args], const args), else
     None; and how many backend compiles the miss ran.
     """
-    compiles_before = _backend_compiles
+    if _config.disable_jit.value:
+        # Under jax.disable_jit(), jax.jit calls the function itself; there is nothing to cache.
+        return jitted(*args, **kwargs), None, 0
+    compiles_before = _thread_compiles()
     outs, entry = _jit_miss(jitted, args, kwargs)
-    return outs, entry, _backend_compiles - compiles_before
+    return outs, entry, _thread_compiles() - compiles_before
 
 
 def _jit_miss(jitted: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:

@@ -1,0 +1,1287 @@
+"""fastpjit.jit against jax.jit on 8 CPU devices.
+
+Every case runs the same function through both and compares the outputs leaf by leaf (value,
+dtype, weak type, shape, aval, sharding, commitment) and the output tree, on the first call
+(a miss), on repeats (cache hits, by key and by identity) and with fresh arguments of the same
+signature. Errors must have JAX's type and message; compile and fallback counts are checked
+through fastpjit.stats() deltas.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import importlib
+import re
+import subprocess
+import sys
+import threading
+import time
+import types
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType, NamedSharding, SingleDeviceSharding
+from jax.sharding import PartitionSpec as P
+
+import fastpjit
+from fastpjit import _jax
+
+DEVICES = tuple(jax.devices())
+jit_module = importlib.import_module("fastpjit.jit")
+
+
+def test_the_suite_runs_on_eight_cpu_devices():
+    assert len(DEVICES) == 8
+    assert {d.platform for d in DEVICES} == {"cpu"}
+
+
+# --- Comparison -----------------------------------------------------------------------------
+
+
+def assert_same_leaf(ours: Any, theirs: Any, where: str = "") -> None:
+    assert type(ours) is type(theirs), where
+    if not isinstance(theirs, jax.Array):
+        assert ours == theirs, where
+        return
+    assert ours.shape == theirs.shape, where
+    assert ours.dtype == theirs.dtype, where
+    assert ours.aval.weak_type == theirs.aval.weak_type, where
+    assert ours.aval == theirs.aval, where
+    assert ours.sharding == theirs.sharding, where
+    assert ours.committed == theirs.committed, where
+    if jnp.issubdtype(theirs.dtype, jax.dtypes.prng_key):
+        ours, theirs = jax.random.key_data(ours), jax.random.key_data(theirs)
+    np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs), err_msg=where)
+
+
+def assert_same_outputs(ours: Any, theirs: Any) -> None:
+    assert jax.tree.structure(ours) == jax.tree.structure(theirs)
+    ours_leaves = jax.tree.leaves(ours)
+    paths = jax.tree_util.tree_flatten_with_path(theirs)[0]
+    for mine, (path, leaf) in zip(ours_leaves, paths, strict=True):
+        assert_same_leaf(mine, leaf, jax.tree_util.keystr(path))
+
+
+def assert_same_error(ours: Any, theirs: Any, *args: Any, **kwargs: Any) -> BaseException:
+    """Both calls raise; the same exception type and message. Returns JAX's exception."""
+    with pytest.raises(Exception) as expected:
+        theirs(*args, **kwargs)
+    with pytest.raises(type(expected.value)) as got:
+        ours(*args, **kwargs)
+    assert type(got.value) is type(expected.value)
+    assert str(got.value) == str(expected.value)
+    return expected.value
+
+
+def both(fun: Any, **options: Any) -> tuple[Any, Any]:
+    """fastpjit's and JAX's jit of `fun`; JAX's own caches let the two share one compile."""
+    return fastpjit.jit(fun, **options), jax.jit(fun, **options)
+
+
+def fresh(fun: Any) -> Any:
+    """A new function object with `fun`'s code. JAX shares its dispatch cache among the
+    jax.jit objects of one function (and its trace and compile caches), so tests that compare
+    cache sizes or count compiles start from a function no other test has jitted."""
+    copy = types.FunctionType(fun.__code__, fun.__globals__, fun.__name__, fun.__defaults__,
+                              fun.__closure__)
+    copy.__kwdefaults__ = fun.__kwdefaults__
+    return copy
+
+
+def check_calls(ours: Any, theirs: Any, *args: Any, repeats: int = 3, **kwargs: Any) -> Any:
+    """Calls both `repeats` times with the same arguments (a miss, then hits) and compares."""
+    out = None
+    for _ in range(repeats):
+        expected = theirs(*args, **kwargs)
+        out = ours(*args, **kwargs)
+        assert_same_outputs(out, expected)
+    return out
+
+
+def fresh_copy(tree: Any) -> Any:
+    """Equal arguments in new objects: jax.Arrays copied onto the same sharding."""
+    def copy(x: Any) -> Any:
+        if isinstance(x, jax.Array):
+            return jax.device_put(np.asarray(x), x.sharding) if x.committed else jnp.array(x)
+        return x
+    return jax.tree.map(copy, tree)
+
+
+def fallbacks(words: str) -> int:
+    """How many jit fallbacks so far whose reason mentions `words`."""
+    return sum(n for reason, n in fastpjit.stats()["fallbacks"].items()
+               if reason.startswith("jit:") and words in reason)
+
+
+class Counts:
+    """Deltas of fastpjit.stats() counters since construction."""
+
+    def __init__(self) -> None:
+        self.start = fastpjit.stats()
+
+    def __getitem__(self, name: str) -> int:
+        return fastpjit.stats()[name] - self.start[name]
+
+
+# --- Meshes ---------------------------------------------------------------------------------
+
+
+@functools.cache
+def mesh_of(shape: tuple[int, ...], axis_type: AxisType | None) -> jax.sharding.Mesh:
+    names = ("x", "y")[: len(shape)]
+    if axis_type is None:  # make_mesh's default, Explicit in JAX 0.10.2
+        mesh = jax.make_mesh(shape, names)
+        assert set(mesh.axis_types) == {AxisType.Explicit}
+        return mesh
+    return jax.make_mesh(shape, names, axis_types=(axis_type,) * len(shape))
+
+
+MESH_8 = mesh_of((8,), AxisType.Auto)
+ROW_8 = NamedSharding(MESH_8, P("x"))
+REPLICATED_8 = NamedSharding(MESH_8, P())
+
+
+# --- A two-layer MLP in its three sharding patterns -------------------------------------------
+
+
+class Layout(NamedTuple):
+    """Where the MLP's batch and hidden dimensions go on a mesh; a hashable static argument."""
+
+    mesh: Any
+    batch: Any  # the mesh axes of the batch dimension
+    model: Any  # the mesh axes of the hidden dimension (tensor parallel)
+    every: Any  # all mesh axes (data parallel and FSDP)
+
+
+def layout_of(mesh: Any) -> Layout:
+    names = mesh.axis_names
+    if len(names) == 1:
+        return Layout(mesh, None, names[0], names)
+    return Layout(mesh, names[0], names[1], names)
+
+
+def mlp(params: dict[str, Any], x: Any) -> Any:
+    return jax.nn.relu(x @ params["w1"] + params["b1"]) @ params["w2"]
+
+
+def mlp_data_parallel(params: dict[str, Any], x: Any, layout: Layout) -> Any:
+    del layout
+    return mlp(params, x)
+
+
+def mlp_fsdp(params: dict[str, Any], x: Any, layout: Layout) -> Any:
+    gathered = {k: jax.sharding.reshard(v, NamedSharding(layout.mesh, P())) for k, v in
+                params.items()}
+    return mlp(gathered, x)
+
+
+def mlp_tensor_parallel(params: dict[str, Any], x: Any, layout: Layout) -> Any:
+    if layout.mesh.axis_types[0] == AxisType.Explicit:
+        h = jnp.einsum("bd,dh->bh", x, params["w1"], out_sharding=P(layout.batch, layout.model))
+        h = jax.nn.relu(h + params["b1"])
+        return jnp.einsum("bh,hd->bd", h, params["w2"], out_sharding=P(layout.batch, None))
+    # einsum's out_sharding takes Explicit axes only; Auto meshes constrain instead.
+    def constrain(v: Any, *spec: Any) -> Any:
+        return jax.lax.with_sharding_constraint(v, NamedSharding(layout.mesh, P(*spec)))
+    h = constrain(jnp.einsum("bd,dh->bh", x, params["w1"]), layout.batch, layout.model)
+    h = jax.nn.relu(h + params["b1"])
+    return constrain(jnp.einsum("bh,hd->bd", h, params["w2"]), layout.batch, None)
+
+
+def mlp_values(seed: int = 0) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    rng = np.random.default_rng(seed)
+    params = {"w1": rng.normal(size=(8, 32)).astype(np.float32),
+              "b1": rng.normal(size=(32,)).astype(np.float32),
+              "w2": rng.normal(size=(32, 8)).astype(np.float32)}
+    return params, rng.normal(size=(16, 8)).astype(np.float32)
+
+
+def mlp_case(pattern: str, layout: Layout) -> tuple[Any, dict[str, Any], dict[str, Any], Any]:
+    """(function, jit options, parameter specs, batch spec) of one sharding pattern."""
+    if pattern == "data_parallel":
+        batch = NamedSharding(layout.mesh, P(layout.every))
+        options = dict(in_shardings=(NamedSharding(layout.mesh, P()), batch),
+                       static_argnames="layout")
+        return mlp_data_parallel, options, {"w1": P(), "b1": P(), "w2": P()}, P(layout.every)
+    if pattern == "fsdp":
+        specs = {"w1": P(layout.every, None), "b1": P(layout.every), "w2": P(layout.every, None)}
+        return mlp_fsdp, dict(static_argnums=2), specs, P(layout.every)
+    specs = {"w1": P(None, layout.model), "b1": P(layout.model), "w2": P(layout.model, None)}
+    return mlp_tensor_parallel, dict(static_argnames="layout"), specs, P(layout.batch)
+
+
+@pytest.mark.parametrize("pattern", ["data_parallel", "fsdp", "tensor_parallel"])
+@pytest.mark.parametrize("mesh_shape", [(8,), (2, 4)], ids=["1d", "2d"])
+@pytest.mark.parametrize("axis_type", [AxisType.Auto, None], ids=["auto", "explicit"])
+def test_mlp_sharding_patterns(pattern, mesh_shape, axis_type):
+    mesh = mesh_of(mesh_shape, axis_type)
+    layout = layout_of(mesh)
+    fun, options, param_specs, batch_spec = mlp_case(pattern, layout)
+    ours, theirs = both(fun, **options)
+    params_host, x_host = mlp_values()
+    # jit takes no keywords with in_shardings; elsewhere the static layout goes by keyword.
+    if pattern == "data_parallel":
+        def call(*args, **kw):
+            return check_calls(ours, theirs, *args, layout, **kw)
+    else:
+        call = functools.partial(check_calls, ours, theirs, layout=layout)
+    with jax.set_mesh(mesh):
+        params = {k: jax.device_put(v, NamedSharding(mesh, param_specs[k]))
+                  for k, v in params_host.items()}
+        x = jax.device_put(x_host, NamedSharding(mesh, batch_spec))
+        out = call(params, x)
+        call(fresh_copy(params), fresh_copy(x), repeats=1)
+        if pattern == "data_parallel":
+            # numpy arguments are sharded onto in_shardings by fastpjit's Rust shard path.
+            call(params, x_host, repeats=2)
+            call(params_host, x_host, repeats=2)
+        # A new batch of the same signature gives new values, not the cached ones.
+        x2 = jax.device_put(mlp_values(1)[1], NamedSharding(mesh, batch_spec))
+        out2 = call(params, x2, repeats=1)
+    np.testing.assert_allclose(np.asarray(out), mlp(params_host, x_host), rtol=1e-5, atol=1e-5)
+    assert not np.array_equal(np.asarray(out), np.asarray(out2))
+    assert out.sharding.mesh == mesh
+
+
+def test_einsum_out_sharding_on_an_auto_mesh_fails_like_jax():
+    layout = layout_of(MESH_8)
+
+    def bad(x, w):
+        return jnp.einsum("bd,dh->bh", x, w, out_sharding=P(None, layout.model))
+
+    ours, theirs = both(bad)
+    w = jax.device_put(np.ones((8, 32), np.float32), NamedSharding(MESH_8, P(None, "x")))
+    with jax.set_mesh(MESH_8):
+        for _ in range(2):
+            assert_same_error(ours, theirs, jnp.ones((16, 8)), w)
+
+
+# --- Pytrees --------------------------------------------------------------------------------
+
+
+Point = collections.namedtuple("Point", "x y")
+
+
+@jax.tree_util.register_pytree_node_class
+class Tagged:
+    """A registered pytree node whose tag is static metadata: a new tag is a new tree."""
+
+    def __init__(self, tag: str, a: Any, b: Any):
+        self.tag, self.a, self.b = tag, a, b
+
+    def tree_flatten(self) -> tuple[tuple[Any, Any], str]:
+        return (self.a, self.b), self.tag
+
+    @classmethod
+    def tree_unflatten(cls, tag: str, children: Any) -> Tagged:
+        return cls(tag, *children)
+
+
+def tree_function(d, lst, tup, nothing, point, tagged, *, scale):
+    assert nothing is None
+    total = d["a"] + d["b"].sum() + lst[0] + tup[1] + point.x + tagged.a
+    return {
+        "total": total * scale,
+        "list": [lst[1] * 2, None, ()],
+        "tuple": (tup[0], point.y),
+        "point": Point(point.y, point.x),
+        "tagged": Tagged(tagged.tag + "!", tagged.b, total),
+        "empty": {},
+    }
+
+
+def tree_arguments(tag: str = "t") -> tuple[tuple[Any, ...], dict[str, Any]]:
+    d = {"b": jnp.arange(3.0), "a": jnp.float32(1.5)}
+    lst = [jnp.ones(()), jax.device_put(np.arange(4, dtype=np.int32), DEVICES[2])]
+    tup = (np.arange(2, dtype=np.int16), 2.0)
+    point = Point(jnp.ones(()), np.float32(3))
+    tagged = Tagged(tag, 4, jnp.zeros((2, 2)))
+    return (d, lst, tup, None, point, tagged), {"scale": jnp.float32(0.5)}
+
+
+def test_pytree_arguments_and_outputs():
+    ours, theirs = both(fresh(tree_function))
+    args, kwargs = tree_arguments()
+    out = check_calls(ours, theirs, *args, **kwargs)
+    assert isinstance(out["point"], Point) and isinstance(out["tagged"], Tagged)
+    assert out["tagged"].tag == "t!"
+    check_calls(ours, theirs, *fresh_copy(args), **fresh_copy(kwargs), repeats=1)
+    size = ours.cache_size()
+    # A new tag is a new tree: JAX keys on the treedef, and so must fastpjit.
+    args, kwargs = tree_arguments("other")
+    out = check_calls(ours, theirs, *args, **kwargs, repeats=2)
+    assert out["tagged"].tag == "other!"
+    assert ours.cache_size() == size + 1 == theirs._cache_size()
+
+
+def test_pytree_argument_as_keyword_and_dict_order():
+    def fun(x, tree):
+        return {k: v * x for k, v in tree.items()}
+
+    ours, theirs = both(fun)
+    a, b = jnp.arange(3.0), jnp.ones(2, jnp.int32)
+    check_calls(ours, theirs, 2.0, tree={"a": a, "b": b})
+    check_calls(ours, theirs, 2.0, tree={"b": b, "a": a}, repeats=2)
+    check_calls(ours, theirs, tree={"a": a, "b": b}, x=3.0, repeats=2)
+    assert ours.cache_size() == theirs._cache_size()
+
+
+CLOSED_OVER = jnp.arange(4.0) * 10  # a jax.Array constant: JAX passes it as a const arg
+
+
+def unused_second(x, y):
+    return x * 2
+
+
+MISC = {
+    "identity": (lambda x: x, {}, (jnp.arange(4.0),)),
+    "identity-sharded": (lambda x: x, {}, (jax.device_put(np.arange(8.0), ROW_8),)),
+    "swap": (lambda x, y: (y, x), {}, (jnp.arange(4.0), jnp.ones(2, jnp.int32))),
+    "closed-over-array": (lambda x: x + CLOSED_OVER, {}, (jnp.ones(4),)),
+    "closed-over-numpy": (lambda x: x + np.arange(4.0), {}, (np.ones(4, np.float32),)),
+    "unused-array": (unused_second, {}, (jnp.ones(3), jnp.ones(5))),
+    "unused-numpy": (unused_second, {}, (jnp.ones(3), np.ones(5))),
+    "unused-scalar": (unused_second, {}, (np.ones(3), 7)),
+    "unused-first": (lambda x, y: y + 1, {}, (jnp.ones(3), np.ones(2, np.int32))),
+    "keep-unused": (unused_second, dict(keep_unused=True), (jnp.ones(3), np.ones(5))),
+    "weak-array": (lambda x, y: x * y, {}, (jnp.asarray(2.0), jnp.ones(3, jnp.bfloat16))),
+    "bfloat16-numpy": (lambda x: x * 2, {}, (np.ones(4, jnp.bfloat16),)),
+    "zero-size": (lambda x: (x * 2, x.sum()), {}, (np.ones((0, 3), np.float32),)),
+    "zero-dim": (lambda x, y: x * y, {}, (np.array(3.0), jnp.array(2, jnp.int8))),
+    "constant-outputs": (lambda x: (1.0, 2, True, np.float32(3), np.arange(3)), {}, (1,)),
+    "no-outputs": (lambda x: (None, (), {}, []), {}, (jnp.ones(2),)),
+    "no-arguments": (lambda: jnp.arange(3) * 2, {}, ()),
+    "in-shardings-none": (lambda x, y: x + y.sum(), dict(in_shardings=(ROW_8, None)),
+                          (np.ones(8), jnp.ones(4))),
+    "same-output-twice": (lambda x: (x * 2,) * 2, {}, (jnp.ones(3),)),
+    "same-input-twice": (lambda x, y: x - y, {}, (X3 := jnp.arange(3.0), X3)),
+    "float0-output": (lambda x: jax.grad(lambda a, n: (a * 2.0).sum(), argnums=(0, 1),
+                                         allow_int=True)(x, 3), {}, (jnp.ones(3),)),
+    "many-leaves": (lambda xs: [x * i for i, x in enumerate(xs)], {},
+                    ([jnp.full(2, float(i)) for i in range(40)],)),
+}
+
+
+@pytest.mark.parametrize("name", list(MISC))
+def test_assorted_functions(name):
+    fun, options, args = MISC[name]
+    ours, theirs = both(fun, **options)
+    check_calls(ours, theirs, *args)
+    check_calls(ours, theirs, *fresh_copy(args), repeats=2)
+    if name.startswith("identity"):
+        # JAX hands back the input itself where the output is the input: so must fastpjit.
+        assert (ours(*args) is args[0]) == (theirs(*args) is args[0])
+
+
+# --- Static arguments and keywords --------------------------------------------------------
+
+
+def scale_or_shift(x, n, mode="mul"):
+    return x * n if mode == "mul" else x + n
+
+
+X4 = jnp.arange(4.0)
+# Calls of scale_or_shift(x, n, mode) valid for each way of making arguments static.
+N_STATIC = [((X4, 2), {}), ((X4, 3), {}), ((X4,), {"n": 2}), ((fresh_copy(X4),), {"n": 2}),
+            ((), {"n": 3, "x": X4})]
+MODE_STATIC = [((X4, 2), {"mode": "add"}), ((X4,), {"mode": "add", "n": 2}),
+               ((), {"x": X4, "mode": "mul", "n": 3})]
+STATIC_CASES = {
+    "argnums": (dict(static_argnums=1), N_STATIC),
+    "argnames": (dict(static_argnames="n"), N_STATIC),
+    "argnums-infer-names": (dict(static_argnums=(1, 2)), N_STATIC + MODE_STATIC
+                            + [((X4, 2, "add"), {})]),
+    "argnames-infer-nums": (dict(static_argnames=("n", "mode")), N_STATIC + MODE_STATIC
+                            + [((X4, 2, "add"), {})]),
+    # Given both, JAX infers neither: mode is static by name only, n by position only.
+    "argnums+argnames": (dict(static_argnums=1, static_argnames="mode"),
+                         [((X4, 2), {}), ((X4, 2), {"mode": "add"}), ((X4, 3), {"mode": "add"})]),
+    # Negative argnums count from the end of each call's positional arguments.
+    "negative": (dict(static_argnums=-1), [((X4, 2), {}), ((X4, 3), {}), ((X4, 2, "add"), {}),
+                                           ((X4, 3, "add"), {}), ((X4, 3), {"mode": "add"})]),
+}
+
+
+@pytest.mark.parametrize("name", list(STATIC_CASES))
+def test_static_arguments(name):
+    options, calls = STATIC_CASES[name]
+    ours, theirs = both(fresh(scale_or_shift), **options)
+    before = fallbacks("")
+    for args, kwargs in calls:
+        check_calls(ours, theirs, *args, **kwargs, repeats=2)
+    for args, kwargs in calls:
+        check_calls(ours, theirs, *fresh_copy(args), **kwargs, repeats=1)
+    assert ours.cache_size() == theirs._cache_size()
+    assert fallbacks("") == before
+
+
+def test_equal_static_arguments_of_different_types_are_different_keys():
+    # jaxlib keys a static argument by type and ==: 2 and 2.0 are equal but not the same key.
+    ours, theirs = both(fresh(scale_or_shift), static_argnums=1)
+    x = jnp.arange(4)
+    check_calls(ours, theirs, x, 2, repeats=2)
+    out = check_calls(ours, theirs, x, 2.0, repeats=2)
+    assert out.dtype == jnp.float32
+    check_calls(ours, theirs, x, True, repeats=2)
+    assert ours.cache_size() == theirs._cache_size() == 3
+
+
+def test_static_arguments_compile_once_per_value():
+    def fun(x, n):
+        return x * n
+
+    ours = fastpjit.jit(fun, static_argnums=1)
+    x = jnp.arange(4.0)
+    counts = Counts()
+    ours(x, 2)
+    assert counts["compiles"] == 1
+    ours(x, 2)
+    ours(fresh_copy(x), 2)
+    assert counts["compiles"] == 1 and ours.cache_size() == 1
+    ours(x, 3)
+    assert counts["compiles"] == 2 and ours.cache_size() == 2
+
+
+def test_keyword_arguments():
+    def fun(x, y=1.0, *, z):
+        return x * y + z
+
+    ours, theirs = both(fun)
+    x = jnp.arange(4.0)
+    check_calls(ours, theirs, x, z=1.0)
+    check_calls(ours, theirs, x, 2.0, z=jnp.ones(4))
+    check_calls(ours, theirs, x=x, y=3, z=np.ones(4))
+    check_calls(ours, theirs, z=0.5, y=x, x=2)
+
+
+# --- Donation -------------------------------------------------------------------------------
+
+
+def add_to(x, y):
+    return x + y
+
+
+def donated_input(kind: str) -> jax.Array:
+    host = np.arange(16, dtype=np.float32)
+    if kind == "uncommitted":
+        return jnp.asarray(host)
+    if kind == "one-device":
+        return jax.device_put(host, DEVICES[1])
+    return jax.device_put(host, ROW_8)
+
+
+@pytest.mark.parametrize("kind", ["uncommitted", "one-device", "eight-devices"])
+@pytest.mark.parametrize("options", [dict(donate_argnums=0), dict(donate_argnames="x")],
+                         ids=["argnums", "argnames"])
+def test_donation(options, kind):
+    ours, theirs = both(add_to, **options)
+    for _ in range(3):  # a miss, then hits
+        a, b = donated_input(kind), donated_input(kind)
+        expected = theirs(a, 1.0)
+        out = ours(b, 1.0)
+        assert_same_outputs(out, expected)
+        assert a.is_deleted() and b.is_deleted()
+        # Reusing a donated array raises as JAX's dispatch does. (JAX's own C++ fast path
+        # does not check positional reuse, and crashes on multi-device arrays, so the oracle
+        # is a call that JAX checks: by keyword.)
+        error = assert_same_error(ours, theirs, x=b, y=1.0)
+        assert isinstance(error, RuntimeError)
+        with pytest.raises(RuntimeError, match=re.escape(str(error))):
+            ours(b, 1.0)
+        with pytest.raises(RuntimeError, match=re.escape(str(error))):
+            ours(x=b, y=jnp.float32(1))
+
+
+def scaled_add(n, x, y):
+    return x * n + y
+
+
+def test_donation_with_static_arguments():
+    ours, theirs = both(scaled_add, static_argnums=0, donate_argnums=(1,))
+    for n in (2, 3, 2):
+        a, b = donated_input("eight-devices"), donated_input("eight-devices")
+        y = jnp.ones(16)
+        assert_same_outputs(ours(n, b, y), theirs(n, a, y))
+        assert a.is_deleted() and b.is_deleted() and not y.is_deleted()
+
+
+def test_donated_input_of_a_fresh_function():
+    ours = fastpjit.jit(add_to, donate_argnums=0)
+    a = donated_input("eight-devices")
+    ours(a, 1.0)
+    with pytest.raises(RuntimeError, match="Array has been deleted"):
+        fastpjit.jit(add_to)(a, 1.0)
+    assert_same_error(fastpjit.jit(add_to), jax.jit(add_to), a, 1.0)
+
+
+# --- Python scalars and numpy arguments -------------------------------------------------------
+
+
+def affine(x, a, b):
+    return x * a + b
+
+
+HOST_ARGUMENTS = {
+    "f64-int-float": (np.linspace(0, 1, 16), 2, 0.5),
+    "f32-float-int": (np.arange(16, dtype=np.float32), 1.5, 3),
+    "i64-int-int": (np.arange(16, dtype=np.int64), 3, -1),
+    "i32-bool-int": (np.arange(16, dtype=np.int32), True, 7),
+    "bool-bool-bool": (np.arange(16) % 3 == 0, True, False),
+    "u8-npint-float": (np.arange(16, dtype=np.uint8), np.int8(2), 0.25),
+    "f16-f64scalar-complex": (np.ones(16, np.float16), np.float64(1.5), 1 + 2j),
+    "c128-0d-int": (np.ones(16, np.complex128), np.array(2.0), 1),
+    "u64-u64-u64": (np.arange(16, dtype=np.uint64), np.uint64(3), np.ones(16, np.uint64)),
+}
+
+
+def vary(value: Any, k: int) -> Any:
+    """An argument of the same signature as `value` (type, dtype, shape), another value."""
+    if isinstance(value, bool):
+        return value ^ bool(k % 2)
+    if isinstance(value, np.ndarray | np.generic):
+        if value.dtype == bool:
+            return np.logical_xor(value, bool(k % 2))
+        changed = np.asarray(value + k).astype(value.dtype)
+        return changed if isinstance(value, np.ndarray) else changed[()]
+    return type(value)(value + k)
+
+
+@pytest.mark.parametrize("executable", ["one-device", "eight-devices"])
+@pytest.mark.parametrize("name", list(HOST_ARGUMENTS))
+def test_host_arguments(name, executable):
+    if executable == "one-device":
+        ours, theirs = both(fresh(affine))
+    else:
+        # A scalar argument into a 8-device executable is replicated.
+        ours, theirs = both(fresh(affine), in_shardings=(ROW_8, REPLICATED_8, REPLICATED_8))
+    args = HOST_ARGUMENTS[name]
+    out = check_calls(ours, theirs, *args, repeats=2)
+    if executable == "eight-devices":
+        assert out.sharding == ROW_8
+    # Hits must place the new values, not the old ones.
+    for k in (1, 2):
+        check_calls(ours, theirs, *[vary(a, k) for a in args], repeats=1)
+    assert ours.cache_size() == theirs._cache_size() == 1
+
+
+def test_float64_is_canonicalized_to_float32():
+    ours, theirs = both(lambda x, y: (x, y, x * y))
+    for _ in range(2):
+        out = check_calls(ours, theirs, np.ones(4), np.float64(2.0), repeats=1)
+        assert [o.dtype for o in out] == [jnp.float32] * 3
+        assert [o.weak_type for o in out] == [False] * 3
+    out = check_calls(ours, theirs, 1.0, 2, repeats=2)
+    assert [o.weak_type for o in out] == [True, True, True]
+    assert [o.dtype for o in out] == [jnp.float32, jnp.int32, jnp.float32]
+
+
+X64_CHILD = """
+import jax, numpy as np, fastpjit
+
+def fun(x, y):
+    return x * y
+
+ours, theirs = fastpjit.jit(fun), jax.jit(fun)
+
+def same(*args):
+    expected, out = theirs(*args), ours(*args)
+    assert (out.dtype, out.weak_type) == (expected.dtype, expected.weak_type), (out, expected)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(expected))
+    return out.dtype
+
+for _ in range(2):
+    assert same(np.ones(4), 2) == np.float32
+with jax.enable_x64(True):
+    for _ in range(3):
+        assert same(np.ones(4), 2) == np.float64
+        assert same(np.arange(4), 2) == np.int64
+        assert same(np.float32(1), 2.0) == np.float32
+assert same(np.ones(4), 2) == np.float32
+print("ok")
+"""
+
+
+def test_float64_under_enable_x64():
+    # x64 is part of JAX's trace context: a call under it is keyed apart, and its hits must
+    # keep float64 (and int64) inputs as they are. In a child process: jaxlib can crash on an
+    # input of the wrong width.
+    result = subprocess.run([sys.executable, "-c", X64_CHILD], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    assert result.stdout == "ok\n"
+
+
+def test_non_contiguous_numpy_arguments():
+    ours, theirs = both(lambda x: x * 2, in_shardings=ROW_8)
+    base = np.arange(64, dtype=np.float32).reshape(8, 8)
+    strided = np.arange(128, dtype=np.float32).reshape(8, 16)[:, ::2]
+    for x in (base.T, base[::-1], base[::-1, ::-1], strided, np.asfortranarray(base)):
+        check_calls(ours, theirs, x, repeats=2)
+
+
+def test_python_int_overflow_fails_like_jax():
+    ours, theirs = both(lambda x: x + 1)
+    with pytest.raises(OverflowError):
+        ours(2**40)  # a miss: JAX raises
+    check_calls(ours, theirs, 5, repeats=2)  # an int32 entry exists; the next call is a hit
+    with pytest.raises(OverflowError, match="1099511627776"):
+        ours(2**40)
+    check_calls(ours, theirs, -(2**31), repeats=1)
+    check_calls(ours, theirs, 2**31 - 1, repeats=1)
+
+
+def test_python_int_overflow_on_a_hit_has_jax_s_message():
+    ours, theirs = both(lambda x: x + 1)
+    check_calls(ours, theirs, 5, repeats=2)
+    error = assert_same_error(ours, theirs, 2**40)
+    assert isinstance(error, OverflowError)
+
+
+def test_transfer_guard_applies_to_host_arguments():
+    ours, theirs = both(affine, in_shardings=(ROW_8, REPLICATED_8, REPLICATED_8))
+    args = (np.ones(8, np.float32), 2.0, np.float32(1))
+    check_calls(ours, theirs, *args, repeats=2)
+    placed = [jax.device_put(a, s) for a, s in zip(args, (ROW_8, REPLICATED_8, REPLICATED_8),
+                                                    strict=True)]
+    with jax.transfer_guard("disallow"):
+        assert_same_error(ours, theirs, *args)  # an implicit host-to-device transfer
+        check_calls(ours, theirs, *placed, repeats=2)
+
+
+def test_arguments_that_are_not_arrays_fail_like_jax():
+    ours, theirs = both(lambda x: x)
+    assert_same_error(ours, theirs, "text")
+    assert_same_error(ours, theirs, np.array(["a", "b"]))
+    assert_same_error(ours, theirs, object())
+    assert_same_error(ours, theirs, np.ma.masked_array(np.ones(3, np.float32), mask=[0, 1, 0]))
+
+
+def test_prng_keys():
+    ours, theirs = both(lambda k: (jax.random.normal(k, (3,)), jax.random.split(k)))
+    check_calls(ours, theirs, jax.random.key(0))
+    check_calls(ours, theirs, jax.random.PRNGKey(1))
+
+
+# --- Uncommitted arrays, device sets, out_shardings ------------------------------------------
+
+
+def test_uncommitted_arrays():
+    ours, theirs = both(fresh(add_to))
+    x, y = jnp.arange(8.0), jnp.ones(8)
+    out = check_calls(ours, theirs, x, y)
+    assert not out.committed
+    # An uncommitted argument follows a committed one to its device.
+    committed = jax.device_put(np.ones(8, np.float32), DEVICES[3])
+    out = check_calls(ours, theirs, x, committed)
+    assert out.committed and out.sharding == SingleDeviceSharding(DEVICES[3])
+    out = check_calls(ours, theirs, committed, 2.0)
+    assert out.devices() == {DEVICES[3]}
+    # ... and to a mesh.
+    sharded = jax.device_put(np.ones(8, np.float32), ROW_8)
+    out = check_calls(ours, theirs, x, sharded)
+    assert out.sharding == ROW_8
+    assert ours.cache_size() == theirs._cache_size()
+
+
+def test_uncommitted_array_into_in_shardings_is_moved():
+    ours, theirs = both(lambda x: x * 2, in_shardings=ROW_8)
+    x = jnp.arange(8.0)
+    counts = Counts()
+    moved = fallbacks("moved")
+    out = check_calls(ours, theirs, x, repeats=4)
+    assert out.sharding == ROW_8 and out.committed
+    assert fallbacks("moved") - moved == 3  # each hit; the miss went through JAX
+    assert (counts["cache_misses"], counts["cache_hits"], counts["compiles"]) == (1, 3, 0)
+
+
+def test_committed_array_with_another_sharding_fails_like_jax():
+    ours, theirs = both(lambda x: x * 2, in_shardings=ROW_8)
+    check_calls(ours, theirs, jax.device_put(np.ones(8, np.float32), ROW_8))
+    replicated = jax.device_put(np.ones(8, np.float32), REPLICATED_8)
+    for _ in range(2):
+        assert_same_error(ours, theirs, replicated)
+
+
+def test_out_shardings():
+    def fun(x):
+        return x * 2, {"plus": x + 1, "same": x}
+
+    for out_shardings in (ROW_8, (REPLICATED_8, None), (None, {"plus": REPLICATED_8,
+                                                              "same": ROW_8})):
+        ours, theirs = both(fun, out_shardings=out_shardings)
+        check_calls(ours, theirs, jnp.arange(16.0))
+        check_calls(ours, theirs, np.arange(16.0), repeats=2)
+
+
+def test_partition_specs_resolve_against_the_mesh_in_context():
+    # Bare PartitionSpecs take the mesh that jax.set_mesh puts in context. The two meshes
+    # have one abstract mesh (one trace context); JAX's jit key tells their devices apart.
+    mesh = mesh_of((8,), None)
+    reversed_mesh = jax.make_mesh((8,), ("x",), devices=DEVICES[::-1])
+    ours, theirs = both(lambda x: x + 1, in_shardings=P("x"), out_shardings=P())
+    for m in (mesh, reversed_mesh, mesh):
+        with jax.set_mesh(m):
+            out = check_calls(ours, theirs, np.arange(8, dtype=np.float32), repeats=2)
+            assert out.sharding.mesh == m
+    assert ours.cache_size() == theirs._cache_size() == 2
+
+
+def test_default_device_is_part_of_the_key():
+    ours, theirs = both(fresh(affine))
+    for device in (None, DEVICES[3], DEVICES[6], None):
+        with jax.default_device(device):
+            out = check_calls(ours, theirs, np.ones(3), 2.0, jnp.float32(1), repeats=2)
+            assert out.devices() == {device or DEVICES[0]} and not out.committed
+    assert ours.cache_size() == theirs._cache_size() == 3
+
+
+def test_disable_jit_runs_the_function_in_python():
+    traced_with: list[type] = []
+
+    def fun(x):
+        traced_with.append(type(x))
+        return x * 2
+
+    ours, theirs = both(fun)
+    x = jnp.arange(3.0)
+    check_calls(ours, theirs, x, repeats=2)
+    traced_with.clear()
+    with jax.disable_jit():
+        check_calls(ours, theirs, x, repeats=2)
+        assert traced_with == [type(x)] * 4
+    traced_with.clear()
+    check_calls(ours, theirs, x, repeats=2)
+    assert traced_with == []
+
+
+def test_out_shardings_on_a_2d_explicit_mesh():
+    mesh = mesh_of((2, 4), None)
+    ours, theirs = both(lambda x: (x.T, x.sum(axis=1)), out_shardings=(P("y", "x"), P("x")))
+    with jax.set_mesh(mesh):
+        x = jax.device_put(np.arange(64, dtype=np.float32).reshape(8, 8), P("x", "y"))
+        out = check_calls(ours, theirs, x)
+        assert out[0].sharding.spec == P("y", "x")
+
+
+# --- Compiles and the cache ------------------------------------------------------------------
+
+
+def plus_one_function() -> Any:
+    """A new function object each time, so that JAX's caches of one do not serve another."""
+    def fun(x):
+        return x + 1
+    return fun
+
+
+def test_recompiles_on_a_new_signature_only():
+    # fastpjit compiles exactly when jax.jit of an identical function compiles, and caches an
+    # executable exactly where JAX's dispatcher does.
+    ours, theirs = fastpjit.jit(plus_one_function()), jax.jit(plus_one_function())
+
+    def call(x: Any, compiles: int | None = None) -> None:
+        counts, jax_before = Counts(), _jax.backend_compiles()
+        expected = theirs(x)
+        jax_compiles = _jax.backend_compiles() - jax_before
+        assert_same_outputs(ours(x), expected)
+        assert counts["compiles"] == jax_compiles
+        if compiles is not None:
+            assert jax_compiles == compiles
+        assert ours.cache_size() == theirs._cache_size()
+
+    x = jnp.ones(4)
+    call(x, 1)
+    call(x, 0)  # a hit by identity
+    call(x, 0)  # a hit after a hit
+    call(jnp.zeros(4), 0)  # a hit by key
+    call(np.ones(4, np.float32))
+    call(np.zeros(4, np.float32), 0)
+    call(jnp.ones(5), 1)  # shape
+    call(jnp.ones(5), 0)
+    call(jnp.ones(4, jnp.int32), 1)  # dtype
+    call(jnp.ones(4, jnp.int32), 0)
+    call(jnp.ones(4, jnp.float32), 0)
+    call(1.0, 1)  # weak type
+    call(2.0, 0)
+    call(jnp.float32(1.0), 1)
+    call(jax.device_put(jnp.ones(4), DEVICES[0]))  # committed
+    call(jax.device_put(jnp.ones(4), DEVICES[5]))  # another device
+    call(jax.device_put(jnp.ones(4), DEVICES[5]), 0)
+    call(jax.device_put(jnp.ones(8), ROW_8), 1)
+    call(jax.device_put(jnp.ones(8), NamedSharding(MESH_8, P("x"))), 0)  # an equal sharding
+    call(jnp.ones(4), 0)
+    assert ours.cache_size() == 9
+    # fastpjit keys a numpy argument by its own dtype, JAX by the canonical one: float64 and
+    # float32 numpy arguments are one entry for JAX and two, of one executable, for fastpjit.
+    size = ours.cache_size()
+    counts = Counts()
+    assert_same_outputs(ours(np.ones(4)), theirs(np.ones(4)))
+    assert counts["compiles"] == 0 and ours.cache_size() == size + 1
+
+
+def test_hits_count_and_compile_nothing():
+    ours = fastpjit.jit(lambda x, y: x * y)
+    x, y = jnp.ones(8), jnp.arange(8.0)
+    ours(x, y)
+    ours(x, y=y)  # keywords are another signature, for JAX too
+    counts = Counts()
+    for _ in range(5):
+        ours(x, y)  # identity fast path
+        ours(fresh_copy(x), y)  # keyed
+        ours(x, y=y)  # keyword: keyed
+    assert counts["cache_hits"] == 15
+    assert counts["cache_misses"] == 0 and counts["compiles"] == 0
+    assert fastpjit.stats()["fallbacks"] == counts.start["fallbacks"]
+    assert ours.cache_size() == 2
+
+
+def test_clear_cache():
+    ours = fastpjit.jit(lambda x: x - 1)
+    x = jnp.ones(3)
+    ours(x)
+    ours(jnp.ones(2))
+    assert ours.cache_size() == 2
+    ours.clear_cache()
+    assert ours.cache_size() == 0
+    counts = Counts()
+    np.testing.assert_array_equal(ours(x), np.zeros(3))
+    assert counts["cache_misses"] == 1 and ours.cache_size() == 1
+
+
+def bounded_jit(fun: Any, capacity: int) -> Any:
+    """fastpjit.jit(fun) with a small cache; jit() itself keeps the default capacity."""
+    jitted = jax.jit(fun)
+    wrapped = jit_module.JitWrapped(jitted, functools.partial(_jax.jit_cache_miss, jitted), [],
+                                    [], capacity=capacity)
+    wrapped._jitted = jitted
+    return wrapped
+
+
+def test_the_cache_is_bounded_and_evicts_the_least_recently_used():
+    def fun(x):
+        return x * 3
+
+    ours, theirs = bounded_jit(fun, capacity=3), jax.jit(fun)
+    arrays = {n: jnp.arange(float(n)) for n in range(1, 9)}
+    for n, x in arrays.items():
+        assert_same_outputs(ours(x), theirs(x))
+        assert ours.cache_size() == min(n, 3)
+    # Sizes 6, 7, 8 are cached. Using 6 makes 7 the least recently used.
+    counts = Counts()
+    assert_same_outputs(ours(fresh_copy(arrays[6])), theirs(arrays[6]))
+    assert counts["cache_misses"] == 0
+    assert_same_outputs(ours(arrays[1]), theirs(arrays[1]))  # evicts 7
+    assert counts["cache_misses"] == 1 and ours.cache_size() == 3
+    assert_same_outputs(ours(fresh_copy(arrays[6])), theirs(arrays[6]))
+    assert_same_outputs(ours(fresh_copy(arrays[8])), theirs(arrays[8]))
+    assert counts["cache_misses"] == 1
+    assert_same_outputs(ours(fresh_copy(arrays[7])), theirs(arrays[7]))
+    assert counts["cache_misses"] == 2 and ours.cache_size() == 3
+
+
+def test_the_default_capacity_keeps_every_signature_of_a_few():
+    ours = fastpjit.jit(lambda x: x)
+    for n in range(12):
+        ours(np.zeros(n, np.float32))
+        ours(np.zeros(n, np.float32))
+        assert ours.cache_size() == n + 1
+
+
+# --- Ahead of time ---------------------------------------------------------------------------
+
+
+def test_lower_and_compile():
+    def fun(x, tree):
+        return {"y": jnp.sin(x) @ tree["w"], "n": tree["n"] + 1}
+
+    ours, theirs = both(fun, in_shardings=(ROW_8, None))
+    x = jax.device_put(np.ones((8, 4), np.float32), ROW_8)
+    tree = {"w": jnp.ones((4, 2)), "n": 3}
+    lowered, lowered_jax = ours.lower(x, tree), theirs.lower(x, tree)
+    assert lowered.as_text() == lowered_jax.as_text()
+    compiled, compiled_jax = lowered.compile(), lowered_jax.compile()
+    assert compiled.as_text() == compiled_jax.as_text()
+    assert compiled.cost_analysis() == compiled_jax.cost_analysis()
+    assert compiled.input_shardings == compiled_jax.input_shardings
+    assert compiled.output_shardings == compiled_jax.output_shardings
+    check_calls(compiled, compiled_jax, x, tree)
+    check_calls(compiled, compiled_jax, fresh_copy(x), fresh_copy(tree), repeats=2)
+    check_calls(compiled, compiled_jax, x, {"w": np.ones((4, 2)), "n": 4}, repeats=2)
+    # The wrong signature fails as JAX's compiled function does.
+    assert_same_error(compiled, compiled_jax, jnp.ones((8, 3)), tree)
+    assert_same_error(compiled, compiled_jax, x, {"w": jnp.ones((4, 2))})
+    assert_same_error(compiled, compiled_jax, x)
+
+
+def test_compiled_with_static_arguments_and_abstract_lowering():
+    ours, theirs = both(scale_or_shift, static_argnums=(1, 2))
+    spec = jax.ShapeDtypeStruct((4,), jnp.float32)
+    compiled, compiled_jax = ours.lower(spec, 3, "add").compile(), theirs.lower(
+        spec, 3, "add").compile()
+    assert compiled.as_text() == compiled_jax.as_text()
+    check_calls(compiled, compiled_jax, jnp.arange(4.0))
+    check_calls(compiled, compiled_jax, np.arange(4.0), repeats=2)
+    assert_same_error(compiled, compiled_jax, x=jnp.ones(4))  # lowered positionally
+    lowered, lowered_jax = ours.lower(spec, 2, "mul"), theirs.lower(spec, 2, "mul")
+    assert str(lowered.compiler_ir()) == str(lowered_jax.compiler_ir())
+    assert lowered.cost_analysis() == lowered_jax.cost_analysis()
+
+
+def test_compiled_with_donation():
+    ours, theirs = both(add_to, donate_argnums=0)
+    x = donated_input("eight-devices")
+    compiled, compiled_jax = ours.lower(x, 1.0).compile(), theirs.lower(x, 1.0).compile()
+    for _ in range(3):
+        a, b = donated_input("eight-devices"), donated_input("eight-devices")
+        assert_same_outputs(compiled(b, 1.0), compiled_jax(a, 1.0))
+        assert a.is_deleted() and b.is_deleted()
+        with pytest.raises(RuntimeError, match="Array has been deleted"):
+            compiled(b, 1.0)
+
+
+def test_trace_and_eval_shape_methods():
+    ours, theirs = both(lambda x, y: (x @ y, y.sum()))
+    x, y = jnp.ones((4, 3)), jnp.ones((3, 2))
+    assert str(ours.trace(x, y).jaxpr) == str(theirs.trace(x, y).jaxpr)
+    assert ours.eval_shape(x, y) == theirs.eval_shape(x, y)
+
+
+# --- Effects and transformations ------------------------------------------------------------
+
+
+def printing(x):
+    jax.debug.print("x = {x}", x=x)
+    return x * 2
+
+
+def test_debug_print_runs_through_jax(capfd):
+    ours, theirs = both(printing)
+    x = jnp.arange(3.0)
+    theirs(x)
+    jax.effects_barrier()
+    expected = capfd.readouterr().out
+    assert expected == "x = [0. 1. 2.]\n"
+    before = fallbacks("effects")
+    counts = Counts()
+    for n in range(1, 4):
+        assert_same_outputs(ours(x), theirs(x))
+        jax.effects_barrier()
+        assert capfd.readouterr().out == expected * 2
+        assert fallbacks("effects") - before == n
+    assert counts["compiles"] == 0 and ours.cache_size() == 0
+
+
+def sine_sum(x):
+    return jnp.sin(x).sum() * 2
+
+
+def test_grad_vmap_jit_of_a_fastpjit_function():
+    x = jnp.arange(8.0)
+    ours, theirs = both(sine_sum)
+    for transform in (jax.grad, jax.vmap, jax.jit, jax.value_and_grad,
+                      lambda f: jax.jit(jax.grad(f)), lambda f: jax.vmap(jax.grad(f))):
+        before = fallbacks("tracer")
+        assert_same_outputs(transform(ours)(x), transform(theirs)(x))
+        assert fallbacks("tracer") - before >= 1  # the call traced JAX's jit
+
+
+def test_each_traced_call_counts_one_fallback():
+    ours = fastpjit.jit(sine_sum)
+    before = fallbacks("tracer")
+    jax.grad(ours)(jnp.ones(3))
+    assert fallbacks("tracer") - before == 1
+    jax.vmap(ours)(jnp.ones((2, 3)))
+    assert fallbacks("tracer") - before == 2
+
+
+def test_make_jaxpr_holds_jax_jit_equation():
+    ours, theirs = both(sine_sum)
+    x = jnp.arange(8.0)
+    jaxpr, jaxpr_jax = jax.make_jaxpr(ours)(x), jax.make_jaxpr(theirs)(x)
+    assert str(jaxpr) == str(jaxpr_jax)
+    (eqn,) = jaxpr.jaxpr.eqns
+    assert eqn.primitive.name == "jit" and eqn.params["name"] == "sine_sum"
+    inline, inline_jax = both(sine_sum, inline=True)
+    outer = jax.make_jaxpr(lambda x: inline(x) * 2)(x)
+    assert str(outer) == str(jax.make_jaxpr(lambda x: inline_jax(x) * 2)(x))
+    assert "jit" not in str(outer)
+    static = fastpjit.jit(scale_or_shift, static_argnums=1)
+    static_jax = jax.jit(scale_or_shift, static_argnums=1)
+    assert str(jax.make_jaxpr(lambda x: static(x, 3))(x)) == str(
+        jax.make_jaxpr(lambda x: static_jax(x, 3))(x))
+
+
+def test_eval_shape_of_a_fastpjit_function():
+    ours, theirs = both(tree_function)
+    args, kwargs = tree_arguments()
+    shapes, shapes_jax = jax.eval_shape(ours, *args, **kwargs), jax.eval_shape(
+        theirs, *args, **kwargs)
+    assert jax.tree.structure(shapes) == jax.tree.structure(shapes_jax)
+    assert jax.tree.leaves(shapes) == jax.tree.leaves(shapes_jax)
+
+
+@pytest.mark.parametrize("axis_type", [AxisType.Auto, None], ids=["auto", "explicit"])
+def test_shard_map_of_a_fastpjit_function(axis_type):
+    mesh = mesh_of((2, 4), axis_type)
+    ours, theirs = both(lambda x, y: (jnp.sin(x) * y, x.sum(keepdims=True)))
+    x = jax.device_put(np.arange(32, dtype=np.float32).reshape(8, 4),
+                       NamedSharding(mesh, P("x", "y")))
+    specs = dict(mesh=mesh, in_specs=(P("x", "y"), P()), out_specs=(P("x", "y"), P("x", "y")))
+    assert_same_outputs(jax.shard_map(ours, **specs)(x, 2.0),
+                        jax.shard_map(theirs, **specs)(x, 2.0))
+
+
+def test_fastpjit_function_inside_jax_jit():
+    ours, theirs = both(sine_sum)
+    x = jnp.arange(8.0)
+    outer, outer_jax = jax.jit(lambda x: ours(x) + ours(x * 2)), jax.jit(
+        lambda x: theirs(x) + theirs(x * 2))
+    check_calls(outer, outer_jax, x)
+    # a fastpjit function calling another, against JAX's calling JAX's
+    check_calls(fastpjit.jit(lambda x: ours(x) * 2), jax.jit(lambda x: theirs(x) * 2), x)
+
+
+# --- Ways to apply it -----------------------------------------------------------------------
+
+
+def test_decorator_forms():
+    @fastpjit.jit
+    def plain(x, n):
+        return x * n
+
+    @functools.partial(fastpjit.jit, static_argnums=1)
+    def partial_static(x, n):
+        return x * n
+
+    @fastpjit.jit(static_argnames="n")
+    def called(x, n):
+        return x * n
+
+    x = jnp.arange(4.0)
+    check_calls(plain, jax.jit(plain.__wrapped__), x, 3)
+    check_calls(partial_static, jax.jit(partial_static.__wrapped__, static_argnums=1), x, 3)
+    check_calls(called, jax.jit(called.__wrapped__, static_argnames="n"), x, n=3)
+    assert plain.__name__ == "plain" and partial_static.__name__ == "partial_static"
+    assert partial_static.cache_size() == 1
+
+
+def scale_method(self, x):
+    return x * self.factor
+
+
+def identity_method(self, x):
+    return x
+
+
+class Scaler:
+    """Jitted functions as class attributes: methods, static on (hashable) self or not."""
+
+    scale = functools.partial(fastpjit.jit, static_argnums=0)(scale_method)
+    needs_static_self = fastpjit.jit(identity_method)
+
+    def __init__(self, factor: float):
+        self.factor = factor
+
+
+class ScalerJax:
+    scale = functools.partial(jax.jit, static_argnums=0)(scale_method)
+    needs_static_self = jax.jit(identity_method)
+
+    def __init__(self, factor: float):
+        self.factor = factor
+
+
+def test_methods():
+    x = jnp.arange(4.0)
+    ours, theirs = Scaler(3.0), ScalerJax(3.0)
+    check_calls(ours.scale, theirs.scale, x)
+    check_calls(functools.partial(Scaler.scale, ours), functools.partial(ScalerJax.scale, theirs),
+                x, repeats=1)
+    check_calls(Scaler(2.0).scale, ScalerJax(2.0).scale, x, repeats=2)
+    with pytest.raises(TypeError) as expected:
+        theirs.needs_static_self(x)
+    with pytest.raises(TypeError) as got:
+        ours.needs_static_self(x)
+    assert str(got.value) == str(expected.value).replace("ScalerJax", "Scaler")
+    assert Scaler.scale.__get__(None, Scaler) is Scaler.__dict__["scale"]
+    assert "fastpjit" in repr(Scaler.scale)
+
+
+# --- Errors ---------------------------------------------------------------------------------
+
+
+def one_argument(x):
+    return x + 1
+
+
+def two_arguments(x, y):
+    return x + y
+
+
+a0 = jax.device_put(np.ones(3, np.float32), DEVICES[0])
+a1 = jax.device_put(np.ones(3, np.float32), DEVICES[1])
+ERRORS = {
+    "too-many-arguments": (one_argument, {}, (jnp.ones(3), jnp.ones(3)), {}),
+    "too-few-arguments": (two_arguments, {}, (jnp.ones(3),), {}),
+    "unknown-keyword": (one_argument, {}, (jnp.ones(3),), {"z": 1}),
+    "unhashable-static": (two_arguments, dict(static_argnums=1), (jnp.ones(3), [1]), {}),
+    "unhashable-static-name": (two_arguments, dict(static_argnames="y"), (jnp.ones(3),),
+                               {"y": {"a": 1}}),
+    "in-shardings-tree": (one_argument, dict(in_shardings=(ROW_8, ROW_8)), (jnp.ones(8),), {}),
+    "in-shardings-dict": (one_argument, dict(in_shardings=({"b": ROW_8},)),
+                          ({"a": jnp.ones(8)},), {}),
+    "sharding-rank": (one_argument, dict(in_shardings=NamedSharding(MESH_8, P("x", None))),
+                      (jnp.ones(8),), {}),
+    "sharding-rank-numpy": (one_argument, dict(in_shardings=NamedSharding(MESH_8, P("x", None))),
+                            (np.ones(8),), {}),
+    "indivisible": (one_argument, dict(in_shardings=ROW_8), (np.ones(6),), {}),
+    "keywords-with-in-shardings": (one_argument, dict(in_shardings=ROW_8), (),
+                                   {"x": jnp.ones(8)}),
+    "trace-error": (lambda x: x.reshape(5), {}, (jnp.ones(4),), {}),
+    "device-sets": (two_arguments, {}, (a0, a1), {}),
+    "device-sets-2": (two_arguments, {}, (a0, jax.device_put(np.ones(3), DEVICES[4])), {}),
+    "mesh-and-device": (lambda x, y: x + y[:3], {}, (a0, jax.device_put(np.ones(8), ROW_8)), {}),
+}
+
+
+@pytest.mark.parametrize("name", list(ERRORS))
+def test_errors_match_jax(name):
+    fun, options, args, kwargs = ERRORS[name]
+    ours, theirs = both(fun, **options)
+    for _ in range(2):  # nothing was cached by the failing call
+        assert_same_error(ours, theirs, *args, **kwargs)
+    assert ours.cache_size() == 0
+
+
+def test_errors_after_a_cached_call():
+    ours, theirs = both(two_arguments)
+    x = jax.device_put(np.ones(3, np.float32), DEVICES[0])
+    check_calls(ours, theirs, x, x)
+    assert_same_error(ours, theirs, x)
+    assert_same_error(ours, theirs, x, x, x)
+    assert_same_error(ours, theirs, x, jax.device_put(np.ones(3, np.float32), DEVICES[1]))
+    check_calls(ours, theirs, x, x, repeats=1)
+
+
+@pytest.mark.parametrize("on", ["miss", "keyed-hit", "identity-hit", "numpy-hit"])
+def test_deleted_array(on):
+    ours = fastpjit.jit(two_arguments)
+    x, y = jnp.arange(3.0), jnp.ones(3)
+    if on == "numpy-hit":
+        x = np.ones(3, np.float32)
+    if on != "miss":
+        ours(fresh_copy(x), fresh_copy(y) if on == "keyed-hit" else y)
+    y.delete()
+    # JAX's oracle is a fresh jit, whose miss checks every argument.
+    assert_same_error(ours, jax.jit(two_arguments), x, y)
+    with pytest.raises(RuntimeError, match="Array has been deleted"):
+        ours(x=x, y=y)
+
+
+# --- Fallback accounting ----------------------------------------------------------------------
+
+
+def test_fallbacks_are_counted_by_reason():
+    ours = fastpjit.jit(two_arguments, static_argnums=1)
+    x = jnp.arange(4.0)
+    ours(x, 1)
+    ours(x, 1)
+    start = {words: fallbacks(words) for words in ("tracer", "hash", "effects", "moved")}
+
+    def delta(words: str) -> int:
+        return fallbacks(words) - start[words]
+
+    assert all(delta(w) == 0 for w in start)
+    jax.jit(lambda x: ours(x, 2))(x)
+    assert delta("tracer") == 1
+    with pytest.raises(ValueError, match="Non-hashable static arguments"):
+        ours(x, [1])
+    assert delta("hash") == 1
+    fastpjit.jit(printing)(x)
+    assert delta("effects") == 1
+    moved = fastpjit.jit(one_argument, in_shardings=ROW_8)
+    moved(jnp.ones(8))
+    moved(jnp.ones(8))
+    assert delta("moved") == 1
+    assert (delta("tracer"), delta("hash"), delta("effects")) == (1, 1, 1)
+
+
+# --- Threads --------------------------------------------------------------------------------
+
+
+def test_threads_call_one_function_concurrently():
+    ours = fastpjit.jit(lambda x, y: x * 2 + y)
+    host = {n: np.arange(n * 8, dtype=np.float32) for n in (1, 2)}
+    shardings = (ROW_8, SingleDeviceSharding(DEVICES[2]), REPLICATED_8)
+
+    def round_of_calls(x: np.ndarray, sharding: Any) -> None:
+        placed = fastpjit.device_put(x, sharding)
+        assert placed.sharding == sharding
+        for arg in (placed, x, fresh_copy(placed)):
+            out = ours(arg, 1.0)
+            np.testing.assert_array_equal(np.asarray(out), x * 2 + 1)
+            assert out.dtype == jnp.float32
+        np.testing.assert_array_equal(np.asarray(ours(placed, y=placed)), x * 3)
+
+    for x in host.values():  # compile first, so that the threads mostly hit
+        for sharding in shardings:
+            round_of_calls(x, sharding)
+    errors: list[BaseException] = []
+    rounds = [0] * 4
+    deadline = time.monotonic() + 2.0
+
+    def worker(t: int) -> None:
+        rng = np.random.default_rng(t)
+        try:
+            while time.monotonic() < deadline:
+                round_of_calls(host[int(rng.integers(1, 3))], shardings[int(rng.integers(0, 3))])
+                if t == 0 and rounds[t] % 100 == 99:
+                    ours.clear_cache()  # the others miss, concurrently
+                rounds[t] += 1
+        except BaseException as e:  # reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not any(thread.is_alive() for thread in threads)
+    assert not errors, errors[0]
+    assert min(rounds) > 20
+
+
+def test_concurrent_misses_of_one_signature():
+    # JAX's dispatcher lets one thread compile and the others wait for its entry: one cache
+    # entry, one compile, counted once.
+    def run(jitted: Any) -> None:
+        barrier = threading.Barrier(4)
+        x = jnp.ones(3)
+        errors: list[BaseException] = []
+
+        def worker() -> None:
+            try:
+                barrier.wait()
+                for _ in range(3):
+                    np.testing.assert_array_equal(np.asarray(jitted(x)), np.full(3, 2.0))
+            except BaseException as e:  # reported by the main thread
+                errors.append(e)
+
+        threads = [threading.Thread(target=worker) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        assert not errors, errors[0]
+
+    theirs = jax.jit(plus_one_function())
+    run(theirs)
+    ours = fastpjit.jit(plus_one_function())
+    counts, compiles_before = Counts(), _jax.backend_compiles()
+    run(ours)
+    assert counts["cache_hits"] + counts["cache_misses"] == 12
+    assert counts["compiles"] == _jax.backend_compiles() - compiles_before == 1
+    assert ours.cache_size() == theirs._cache_size() == 1
