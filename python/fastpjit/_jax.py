@@ -130,8 +130,8 @@ _memory_fitting_level = _config.memory_fitting_level
 
 def trace_context() -> tuple[Any, ...]:
     """JAX's jit key, flat: the trace context, then the states only in the jit key."""
-    return (*_trace_context(), _device_context.value, _optimization_level.value,
-            _memory_fitting_level.value)
+    return _trace_context() + (_device_context.value, _optimization_level.value,
+                               _memory_fitting_level.value)
 
 
 def jit_static_args(jitted: Any) -> tuple[tuple[int, ...], tuple[str, ...]]:
