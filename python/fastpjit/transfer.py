@@ -11,6 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+
+# JAX's private trace check: it belongs with the other private names in `_jax.py`.
+from jax._src.core import trace_state_clean
 from jax.sharding import Sharding, SingleDeviceSharding
 
 from fastpjit import _core
@@ -22,12 +25,20 @@ def _fallback(reason: str, x: Any, device: Any, **kwargs: Any) -> Any:
     return jax.device_put(x, device, **kwargs)
 
 
+# One sharding per device, so that the Rust plan cache (keyed by identity) hits for a Device
+# target as it does for a Sharding. Bounded by the number of devices.
+_device_shardings: dict[Any, SingleDeviceSharding] = {}
+
+
 def _target_sharding(device: Any) -> Sharding | None:
     """The one sharding that every leaf goes to, or None when JAX must resolve the target."""
     if isinstance(device, Sharding):
         return device
     if isinstance(device, jax.Device):
-        return SingleDeviceSharding(device)
+        sharding = _device_shardings.get(device)
+        if sharding is None:
+            sharding = _device_shardings[device] = SingleDeviceSharding(device)
+        return sharding
     return None
 
 
@@ -51,6 +62,10 @@ def device_put(
     sharding = _target_sharding(device)
     if sharding is None:
         return _fallback(f"device_put: target of type {type(device).__name__}", x, device)
+    if not trace_state_clean():
+        # Under jit, grad or vmap, JAX binds its device_put primitive, for tracers and host
+        # values alike.
+        return _fallback("device_put: under a JAX trace", x, device)
     leaves, treedef = jax.tree_util.tree_flatten(x)
     out = []
     for i, leaf in enumerate(leaves):
@@ -59,11 +74,13 @@ def device_put(
                 out.append(_core.device_put_leaf(leaf, sharding))
             elif leaf.is_deleted():
                 raise RuntimeError(f"Array has been deleted with shape={leaf.aval.str_short()}.")
-            elif leaf.sharding == sharding and leaf.committed:
+            elif device is sharding and leaf.committed and leaf.sharding == sharding:
+                # Only a Sharding target: onto a Device, JAX always makes a new array.
                 out.append(leaf)
             else:
-                # Moving data between devices is JAX's work.
-                out.append(_fallback("device_put: jax.Array moved by JAX", leaf, sharding))
+                # Moving data between devices is JAX's work; it gets the target as given,
+                # since a Device and its SingleDeviceSharding give different avals.
+                out.append(_fallback("device_put: jax.Array moved by JAX", leaf, device))
         except Exception as e:
             e.add_note(f"while placing the leaf x{_leaf_path(x, i)} of device_put")
             raise
@@ -80,7 +97,16 @@ def device_get(x: Any) -> Any:
     """Transfers `x` (a jax.Array or pytree of them) to host numpy arrays.
 
     Equal to `jax.device_get(x)` / `np.asarray(x)`: each distinct shard is copied once, by
-    Rust, into one preallocated array; values that are not jax.Arrays come back unchanged.
+    Rust, into one preallocated array; other values come back as JAX gives them (unchanged,
+    or through their `__array__`).
     """
+    if not trace_state_clean():
+        # Tracers come back as they are, as in JAX.
+        return _fallback_get("device_get: under a JAX trace", x)
     leaves, treedef = jax.tree_util.tree_flatten(x)
     return jax.tree_util.tree_unflatten(treedef, [_core.device_get_leaf(leaf) for leaf in leaves])
+
+
+def _fallback_get(reason: str, x: Any) -> Any:
+    _core.count_fallback(reason)
+    return jax.device_get(x)

@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use fastpjit_core::strided::{assemble, Placement, StridedView};
-use numpy::{PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
-use pyo3::exceptions::{PyRuntimeError, PyTypeError};
+use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::exceptions::{PyOverflowError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -14,6 +14,7 @@ use pyo3::types::{PyBool, PyComplex, PyFloat, PyInt, PyList, PyTuple, PyType};
 use crate::cache::BoundedCache;
 use crate::index_maps::indexed_devices;
 use crate::sharding::private;
+use crate::stats::count_fallback;
 
 /// Python callables and types that the shard path uses, fetched once.
 struct Handles {
@@ -28,8 +29,12 @@ struct Handles {
     asarray: Py<PyAny>,
     empty: Py<PyAny>,
     ndarray: Py<PyType>,
+    masked_array: Py<PyType>,
     numpy_scalar: Py<PyType>,
     jax_array: Py<PyType>,
+    jax_device_put: Py<PyAny>,
+    jax_device_get: Py<PyAny>,
+    jax_config: Py<PyAny>,
 }
 
 static HANDLES: PyOnceLock<Handles> = PyOnceLock::new();
@@ -37,6 +42,7 @@ static HANDLES: PyOnceLock<Handles> = PyOnceLock::new();
 fn handles(py: Python<'_>) -> PyResult<&Handles> {
     HANDLES.get_or_try_init(py, || {
         let jax = private(py)?;
+        let public_jax = py.import("jax")?;
         let numpy = py.import("numpy")?;
         let get =
             |module: &Bound<'_, PyModule>, name: &str| module.getattr(name).map(Bound::unbind);
@@ -55,8 +61,12 @@ fn handles(py: Python<'_>) -> PyResult<&Handles> {
             asarray: get(&numpy, "asarray")?,
             empty: get(&numpy, "empty")?,
             ndarray: get_type(&numpy, "ndarray")?,
+            masked_array: get_type(&py.import("numpy.ma")?, "MaskedArray")?,
             numpy_scalar: get_type(&numpy, "generic")?,
-            jax_array: get_type(&py.import("jax")?, "Array")?,
+            jax_array: get_type(&public_jax, "Array")?,
+            jax_device_put: get(&public_jax, "device_put")?,
+            jax_device_get: get(&public_jax, "device_get")?,
+            jax_config: get(&public_jax, "config")?,
         })
     })
 }
@@ -69,17 +79,25 @@ fn id(obj: &Bound<'_, PyAny>) -> usize {
 /// A dtype and its canonical form; holding the first keeps its identity valid as a key.
 type DtypePair = Arc<(Py<PyAny>, Py<PyAny>)>;
 
-/// The canonical dtype of each dtype seen, keyed by identity.
-static CANONICAL_DTYPES: BoundedCache<usize, DtypePair> = BoundedCache::new(256);
+/// The canonical dtype of each dtype seen, keyed by identity and by whether x64 is on (which
+/// `jax.enable_x64` can change at any time, per thread).
+static CANONICAL_DTYPES: BoundedCache<(usize, bool), DtypePair> = BoundedCache::new(256);
 
 fn canonical_dtype<'py>(dtype: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
     let py = dtype.py();
-    if let Some(entry) = CANONICAL_DTYPES.get(&id(dtype)) {
+    let h = handles(py)?;
+    let x64 = h
+        .jax_config
+        .bind(py)
+        .getattr(intern!(py, "jax_enable_x64"))?
+        .is_truthy()?;
+    let key = (id(dtype), x64);
+    if let Some(entry) = CANONICAL_DTYPES.get(&key) {
         return Ok(entry.1.bind(py).clone());
     }
-    let canonical = handles(py)?.canonical_dtype.bind(py).call1((dtype,))?;
+    let canonical = h.canonical_dtype.bind(py).call1((dtype,))?;
     CANONICAL_DTYPES.insert(
-        id(dtype),
+        key,
         Arc::new((dtype.clone().unbind(), canonical.clone().unbind())),
     );
     Ok(canonical)
@@ -132,6 +150,12 @@ fn host_array<'py>(x: &Bound<'py, PyAny>) -> PyResult<(Bound<'py, PyAny>, bool)>
     let py = x.py();
     let h = handles(py)?;
     if x.is_instance(h.ndarray.bind(py))? {
+        if x.is_instance(h.masked_array.bind(py))? {
+            return Err(PyValueError::new_err(
+                "numpy masked arrays are not supported as direct inputs to JAX functions. Use \
+                 arr.filled() to convert the value to a standard numpy array.",
+            ));
+        }
         return Ok((x.clone(), false));
     }
     if x.is_instance(h.numpy_scalar.bind(py))? || x.is_instance_of::<PyBool>() {
@@ -149,6 +173,9 @@ fn host_array<'py>(x: &Bound<'py, PyAny>) -> PyResult<(Bound<'py, PyAny>, bool)>
             py.get_type::<PyComplex>()
         };
         let dtype = h.python_scalar_dtype.bind(py).call1((kind,))?;
+        if x.is_instance_of::<PyInt>() {
+            check_int_fits(x, &dtype)?;
+        }
         return Ok((h.asarray.bind(py).call1((x, dtype))?, true));
     }
     let given = x.repr().map_or_else(|_| "?".to_owned(), |r| r.to_string());
@@ -159,13 +186,37 @@ fn host_array<'py>(x: &Bound<'py, PyAny>) -> PyResult<(Bound<'py, PyAny>, bool)>
     )))
 }
 
-/// Places a host value (numpy array or scalar, Python scalar) on `sharding` as a jax.Array,
-/// equal to what `jax.device_put(x, sharding)` returns.
-pub fn put_host_value<'py>(
-    x: &Bound<'py, PyAny>,
-    sharding: &Bound<'py, PyAny>,
-    committed: bool,
-) -> PyResult<Bound<'py, PyAny>> {
+/// JAX's `OverflowError` for a Python int that `dtype` (int32, or int64 with x64) cannot hold;
+/// numpy's own message would not name the value for ints beyond 64 bits.
+fn check_int_fits(x: &Bound<'_, PyAny>, dtype: &Bound<'_, PyAny>) -> PyResult<()> {
+    let bits = dtype.cast::<PyArrayDescr>()?.itemsize() * 8;
+    let fits = x
+        .extract::<i64>()
+        .is_ok_and(|v| bits >= 64 || (i64::from(i32::MIN)..=i64::from(i32::MAX)).contains(&v));
+    if fits {
+        return Ok(());
+    }
+    Err(PyOverflowError::new_err(format!(
+        "Python int {x} too large to convert to {dtype}"
+    )))
+}
+
+/// A host value as the numpy array that JAX places: canonical dtype, and whether it is weakly
+/// typed.
+struct HostValue<'py> {
+    array: Bound<'py, PyAny>,
+    dtype: Bound<'py, PyAny>,
+    weak_type: bool,
+}
+
+impl HostValue<'_> {
+    /// float0, the tangent type of integers, has no bytes to place.
+    fn is_float0(&self) -> PyResult<bool> {
+        Ok(self.dtype.cast::<PyArrayDescr>()?.itemsize() == 0)
+    }
+}
+
+fn host_value<'py>(x: &Bound<'py, PyAny>) -> PyResult<HostValue<'py>> {
     let py = x.py();
     let (array, weak_type) = host_array(x)?;
     let dtype = array.getattr(intern!(py, "dtype"))?;
@@ -175,11 +226,35 @@ pub fn put_host_value<'py>(
     } else {
         array.call_method1(intern!(py, "astype"), (&canonical,))?
     };
+    Ok(HostValue {
+        array,
+        dtype: canonical,
+        weak_type,
+    })
+}
+
+/// Places a host value (numpy array or scalar, Python scalar) on `sharding` as a jax.Array,
+/// equal to what `jax.device_put(x, sharding)` returns (float0 aside).
+pub fn put_host_value<'py>(
+    x: &Bound<'py, PyAny>,
+    sharding: &Bound<'py, PyAny>,
+    committed: bool,
+) -> PyResult<Bound<'py, PyAny>> {
+    place(&host_value(x)?, sharding, committed)
+}
+
+fn place<'py>(
+    value: &HostValue<'py>,
+    sharding: &Bound<'py, PyAny>,
+    committed: bool,
+) -> PyResult<Bound<'py, PyAny>> {
+    let py = sharding.py();
+    let array = &value.array;
     let shape: Vec<usize> = array.cast::<PyUntypedArray>()?.shape().to_vec();
-    let plan = put_plan(sharding, &shape, &canonical, weak_type)?;
+    let plan = put_plan(sharding, &shape, &value.dtype, value.weak_type)?;
     let devices = plan.devices.bind(py);
     let shards = match &plan.indices {
-        None => PyList::new(py, std::iter::repeat_n(&array, devices.len()))?,
+        None => PyList::new(py, std::iter::repeat_n(array, devices.len()))?,
         Some(indices) => PyList::new(
             py,
             indices
@@ -316,15 +391,32 @@ pub fn check_not_deleted(array: &Bound<'_, PyAny>) -> PyResult<()> {
     Ok(())
 }
 
-/// The numpy value of a jax.Array, equal to `np.asarray(x)`; other values come back as given,
-/// as `jax.device_get` does.
+/// The numpy value of a jax.Array, equal to `np.asarray(x)`; other values come back as
+/// `jax.device_get` gives them: converted by their `__array__` (numpy scalars become 0-d
+/// arrays), or as given.
 pub fn get_host_value<'py>(x: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
     let py = x.py();
     let h = handles(py)?;
     if !x.is_instance(h.jax_array.bind(py))? {
-        return Ok(x.clone());
+        if x.get_type().is(h.ndarray.bind(py)) {
+            return Ok(x.clone());
+        }
+        return match x.getattr_opt(intern!(py, "__array__"))? {
+            Some(to_array) => to_array.call0(),
+            None => Ok(x.clone()),
+        };
     }
     check_not_deleted(x)?;
+    let dtype = x.getattr(intern!(py, "dtype"))?;
+    match dtype.cast::<PyArrayDescr>() {
+        // Byte copies are only right for plain data: JAX converts extended dtypes (PRNG keys)
+        // by their own rule, and StringDType items point into their array's own storage.
+        Ok(descr) if !descr.has_object() => {}
+        _ => {
+            count_fallback("device_get: a key or string array fetched by JAX");
+            return h.jax_device_get.bind(py).call1((x,));
+        }
+    }
     let cached = h.cached_host_value.bind(py).call1((x,))?;
     if !cached.is_none() {
         return Ok(cached);
@@ -336,6 +428,17 @@ pub fn get_host_value<'py>(x: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>>
     }
     let sharding = x.getattr(intern!(py, "sharding"))?;
     let shape: Vec<usize> = x.getattr(intern!(py, "shape"))?.extract()?;
+    if shape.contains(&0) {
+        // Nothing to copy; XLA may even give the shards of an empty array the global shape.
+        let out = h
+            .empty
+            .bind(py)
+            .call1((PyTuple::new(py, &shape)?, &dtype))?;
+        out.getattr(intern!(py, "flags"))?
+            .setattr(intern!(py, "writeable"), false)?;
+        h.cache_host_value.bind(py).call1((x, &out))?;
+        return Ok(out);
+    }
     let plan = get_plan(&sharding, &shape)?;
     if !plan.complete {
         return Err(PyRuntimeError::new_err(
@@ -370,7 +473,7 @@ pub fn get_host_value<'py>(x: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>>
     let out = h
         .empty
         .bind(py)
-        .call1((PyTuple::new(py, &shape)?, x.getattr(intern!(py, "dtype"))?))?;
+        .call1((PyTuple::new(py, &shape)?, &dtype))?;
     let out_array = out.cast::<PyUntypedArray>()?;
     let itemsize = out_array.dtype().itemsize();
     let nbytes = out_array.len() * itemsize;
@@ -414,7 +517,14 @@ pub fn device_put_leaf<'py>(
     sharding: &Bound<'py, PyAny>,
     committed: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
-    put_host_value(x, sharding, committed)
+    let value = host_value(x)?;
+    if value.is_float0()? {
+        // jax.device_put gives back a host array of float0, not a jax.Array.
+        count_fallback("device_put: float0 leaf placed by JAX");
+        let py = x.py();
+        return handles(py)?.jax_device_put.bind(py).call1((x, sharding));
+    }
+    place(&value, sharding, committed)
 }
 
 /// The number of entries in the shard path's plan caches (for tests of their bounds).
