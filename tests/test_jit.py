@@ -402,7 +402,7 @@ STATIC_CASES = {
                          [((X4, 2), {}), ((X4, 2), {"mode": "add"}), ((X4, 3), {"mode": "add"})]),
     # Negative argnums count from the end of each call's positional arguments.
     "negative": (dict(static_argnums=-1), [((X4, 2), {}), ((X4, 3), {}), ((X4, 2, "add"), {}),
-                                           ((X4, 3, "add"), {}), ((X4, 3), {"mode": "add"})]),
+                                           ((X4, 3, "add"), {})]),
 }
 
 
