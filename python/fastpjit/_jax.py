@@ -36,12 +36,14 @@ __all__ = [
     "flatten_for_dispatch",
     "aot_cache_miss",
     "jit_cache_miss",
+    "jit_key_states",
     "in_legacy_mesh_context",
     "legacy_pjit",
     "pmap_cache_miss",
     "jit_static_args",
     "shard_arg",
     "trace_context",
+    "tracing",
     "batched_device_put",
     "cache_host_value",
     "cached_host_value",
@@ -118,20 +120,13 @@ def cache_host_value(array: Any, value: np.ndarray) -> None:
 
 # jit: the cache miss that JAX's own C++ dispatcher would run, and what a hit needs.
 
-# Callables that the Rust dispatcher calls on every call.
+# What the Rust dispatcher reads on every call: JAX's dispatch flattening, and JAX's jit key,
+# which is the trace context plus these states that only the compile sees (set_mesh's concrete
+# mesh, say: two meshes of one abstract mesh trace alike). All are C++ objects.
 flatten_for_dispatch = _tree_util.dispatch_registry.flatten
-_trace_context = _config.trace_context
-# JAX's dispatcher keys on its jit key: the trace context and these states, which only the
-# compile sees (jax.set_mesh's concrete mesh: two meshes of one abstract mesh trace alike).
-_device_context = _config.device_context
-_optimization_level = _config.optimization_level
-_memory_fitting_level = _config.memory_fitting_level
-
-
-def trace_context() -> tuple[Any, ...]:
-    """JAX's jit key, flat: the trace context, then the states only in the jit key."""
-    return _trace_context() + (_device_context.value, _optimization_level.value,
-                               _memory_fitting_level.value)
+trace_context = _config.trace_context
+jit_key_states = (_config.device_context, _config.optimization_level,
+                  _config.memory_fitting_level)
 
 
 def jit_static_args(jitted: Any) -> tuple[tuple[int, ...], tuple[str, ...]]:
@@ -257,6 +252,11 @@ def _closure_variable(function: Any, name: str) -> Any:
     if name not in code.co_freevars:
         raise RuntimeError(f"{function!r} no longer closes over {name!r}; update fastpjit._jax")
     return function.__closure__[code.co_freevars.index(name)].cell_contents
+
+
+def tracing() -> bool:
+    """Whether a JAX transformation is tracing on this thread."""
+    return not _core.trace_state_clean()
 
 
 def shard_arg(x: Any, sharding: Any) -> Any:

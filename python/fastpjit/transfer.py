@@ -12,11 +12,9 @@ from typing import Any
 
 import jax
 
-# JAX's private trace check: it belongs with the other private names in `_jax.py`.
-from jax._src.core import trace_state_clean
 from jax.sharding import Sharding, SingleDeviceSharding
 
-from fastpjit import _core
+from fastpjit import _core, _jax
 
 __all__ = ["device_get", "device_put"]
 
@@ -62,7 +60,7 @@ def device_put(
     sharding = _target_sharding(device)
     if sharding is None:
         return _fallback(f"device_put: target of type {type(device).__name__}", x, device)
-    if not trace_state_clean():
+    if _jax.tracing():
         # Under jit, grad or vmap, JAX binds its device_put primitive, for tracers and host
         # values alike.
         return _fallback("device_put: under a JAX trace", x, device)
@@ -100,7 +98,7 @@ def device_get(x: Any) -> Any:
     Rust, into one preallocated array; other values come back as JAX gives them (unchanged,
     or through their `__array__`).
     """
-    if not trace_state_clean():
+    if _jax.tracing():
         # Tracers come back as they are, as in JAX.
         return _fallback_get("device_get: under a JAX trace", x)
     leaves, treedef = jax.tree_util.tree_flatten(x)

@@ -79,10 +79,7 @@ impl FastKey {
                 return Ok(false);
             }
         }
-        let now = h.trace_context.bind(py).call0()?;
-        let Ok(now) = now.cast::<PyTuple>() else {
-            return Ok(false);
-        };
+        let now = h.jit_key(py)?;
         let then = self.context.bind(py);
         Ok(now.len() == then.len() && now.iter().zip(then.iter()).all(|(a, b)| a.is(&b)))
     }

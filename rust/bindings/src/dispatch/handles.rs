@@ -1,13 +1,15 @@
 //! Python objects that every dispatch needs, fetched once.
 
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::PyType;
+use pyo3::types::{PyTuple, PyType};
 
 use crate::sharding::private;
 
 pub struct Handles {
-    pub trace_context: Py<PyAny>,
+    trace_context: Py<PyAny>,
+    jit_key_states: Vec<Py<PyAny>>,
     pub flatten: Py<PyAny>,
     pub shard_arg: Py<PyAny>,
     pub array_impl: Py<PyType>,
@@ -28,6 +30,11 @@ pub fn handles(py: Python<'_>) -> PyResult<&Handles> {
         };
         Ok(Handles {
             trace_context: get(jax, "trace_context")?,
+            jit_key_states: jax
+                .getattr("jit_key_states")?
+                .try_iter()?
+                .map(|state| state.map(Bound::unbind))
+                .collect::<PyResult<_>>()?,
             flatten: get(jax, "flatten_for_dispatch")?,
             shard_arg: get(jax, "shard_arg")?,
             array_impl: get_type(&py.import("jax._src.array")?, "ArrayImpl")?,
@@ -35,4 +42,20 @@ pub fn handles(py: Python<'_>) -> PyResult<&Handles> {
             numpy_scalar: get_type(&numpy, "generic")?,
         })
     })
+}
+
+impl Handles {
+    /// JAX's jit key as one flat tuple: the trace context (x64, meshes in context, ...) and
+    /// then the values of the states that only the compile sees.
+    pub fn jit_key<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        let context = self.trace_context.bind(py).call0()?;
+        let context = context.cast::<PyTuple>()?;
+        let mut items: Vec<Bound<'py, PyAny>> =
+            Vec::with_capacity(context.len() + self.jit_key_states.len());
+        items.extend(context.iter());
+        for state in &self.jit_key_states {
+            items.push(state.bind(py).getattr(intern!(py, "value"))?);
+        }
+        PyTuple::new(py, items)
+    }
 }

@@ -9,6 +9,7 @@ mod signature;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use pyo3::exceptions::PyOverflowError;
 use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
@@ -117,7 +118,8 @@ pub struct JitFunction {
     fallback: Option<Py<PyAny>>,
     /// `miss(args, kwargs) -> (outputs, entry or None, compiles)`: JAX's cache miss.
     miss: Option<Py<PyAny>>,
-    static_argnums: Vec<usize>,
+    /// Positions of static arguments; a negative one counts from the end of the call's.
+    static_argnums: Vec<isize>,
     static_argnames: Vec<Py<PyString>>,
     capacity: usize,
     /// What the function is (`jit`, `pmap`, `compiled`), for the reasons of its fallbacks.
@@ -180,7 +182,12 @@ impl JitFunction {
         } else {
             let mut dynamic = Vec::with_capacity(args.len());
             for (i, arg) in args.iter().enumerate() {
-                if self.static_argnums.contains(&i) {
+                let from_end = i as isize - args.len() as isize;
+                if self
+                    .static_argnums
+                    .iter()
+                    .any(|&n| n == i as isize || n == from_end)
+                {
                     statics.push(arg);
                 } else {
                     dynamic.push(arg);
@@ -228,7 +235,7 @@ impl JitFunction {
     fn new(
         fallback: Py<PyAny>,
         miss: Py<PyAny>,
-        static_argnums: Vec<usize>,
+        static_argnums: Vec<isize>,
         static_argnames: Vec<Py<PyString>>,
         kind: &str,
         capacity: usize,
@@ -298,9 +305,16 @@ impl JitFunction {
         if let Some(cached) = self.lookup(py, &signature)? {
             count(Counter::CacheHit);
             self.set_latest(py, &cached, &signature)?;
-            return cached
+            return match cached
                 .entry
-                .call(py, h, &leaves, &signature.leaves, &self.kind);
+                .call(py, h, &leaves, &signature.leaves, &self.kind)
+            {
+                // A Python int too large for its dtype: JAX's own path names the argument.
+                Err(err) if err.is_instance_of::<PyOverflowError>(py) => {
+                    Self::callable(py, self.fallback.as_ref())?.call(args, kwargs)
+                }
+                result => result,
+            };
         }
         count(Counter::CacheMiss);
         let kwargs = kwargs.map_or_else(|| PyDict::new(py), Clone::clone);
@@ -314,6 +328,9 @@ impl JitFunction {
                 "{}: JAX keeps this function off its fast path (effects or layouts)",
                 self.kind
             ));
+        } else if let Some(cached) = self.lookup(py, &signature)? {
+            // Another thread missed on the same key meanwhile and cached its executable.
+            self.set_latest(py, &cached, &signature)?;
         } else {
             let cached = Arc::new(Cached {
                 entry: Entry::from_miss(&entry)?,

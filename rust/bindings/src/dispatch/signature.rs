@@ -98,7 +98,7 @@ impl Signature {
         }
         let treedef = Hashed::new(treedef)?;
         treedef.hash.hash(&mut hasher);
-        let context = Hashed::new(&h.trace_context.bind(py).call0()?)?;
+        let context = Hashed::new(h.jit_key(py)?.as_any())?;
         context.hash.hash(&mut hasher);
         let mut keys = Vec::with_capacity(leaves.len());
         for leaf in leaves {
