@@ -1,5 +1,7 @@
 //! `devices_indices_map` and its relatives: index maps of JAX shardings, built in Rust.
 
+use std::mem::MaybeUninit;
+
 use fastpjit_core::{HloSharding, IndexMap};
 use numpy::{PyArray3, PyArrayMethods};
 use pyo3::exceptions::{PyTypeError, PyValueError};
@@ -62,31 +64,72 @@ fn slice(py: Python<'_>, start: usize, stop: usize) -> PyResult<Bound<'_, PyAny>
     }
 }
 
-/// One Python index tuple per tile, built once and shared by every device holding that tile.
-fn tile_indices<'py>(
-    py: Python<'py>,
-    map: &IndexMap,
-) -> PyResult<Vec<Option<Bound<'py, PyTuple>>>> {
-    let whole = PySlice::full(py);
-    let mut out: Vec<Option<Bound<'py, PyTuple>>> = vec![None; map.num_tiles()];
-    for &tile in map.tile_of_device() {
-        if out[tile].is_some() {
-            continue;
-        }
-        let items = map
-            .tile_bounds(tile)
-            .zip(map.partitions())
-            .map(|((start, stop), &parts)| {
+/// The index tuples of a map's tiles, built from one slice per (dimension, shard coordinate)
+/// that every tile using it shares, as JAX shares them; `slice(None)` for a dimension split
+/// once.
+struct TileIndices<'py> {
+    slices: Vec<Vec<Bound<'py, PyAny>>>,
+    /// The tuple of each tile, once built.
+    tuples: Vec<Option<Bound<'py, PyTuple>>>,
+}
+
+impl<'py> TileIndices<'py> {
+    /// The tuples of the tiles that the devices at `positions` hold.
+    fn new(py: Python<'py>, map: &IndexMap, positions: &[usize]) -> PyResult<Self> {
+        let whole = PySlice::full(py).into_any();
+        let slices = map
+            .partitions()
+            .iter()
+            .zip(map.shard_shape())
+            .map(|(&parts, &size)| {
                 if parts == 1 {
-                    Ok(whole.clone().into_any())
+                    Ok(vec![whole.clone()])
                 } else {
-                    slice(py, start, stop)
+                    (0..parts)
+                        .map(|coord| slice(py, coord * size, (coord + 1) * size))
+                        .collect()
                 }
             })
             .collect::<PyResult<Vec<_>>>()?;
-        out[tile] = Some(PyTuple::new(py, items)?);
+        let mut indices = Self {
+            slices,
+            tuples: Vec::new(),
+        };
+        if positions.len() >= map.num_tiles() {
+            // Every tile is likely held: build them all in tile order, with no division.
+            indices.tuples.reserve_exact(map.num_tiles());
+            map.try_for_each_tile(|coords| {
+                let tuple = indices.tuple(py, coords.iter().copied())?;
+                indices.tuples.push(Some(tuple));
+                Ok::<_, PyErr>(())
+            })?;
+        } else {
+            // A few addressable devices of many: build only the tiles that they hold.
+            indices.tuples = vec![None; map.num_tiles()];
+            for &position in positions {
+                let tile = map.tile_of_device()[position];
+                if indices.tuples[tile].is_none() {
+                    indices.tuples[tile] = Some(indices.tuple(py, map.tile_coords(tile))?);
+                }
+            }
+        }
+        Ok(indices)
     }
-    Ok(out)
+
+    fn tuple(
+        &self,
+        py: Python<'py>,
+        coords: impl ExactSizeIterator<Item = usize>,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, self.slices.iter().zip(coords).map(|(dim, c)| &dim[c]))
+    }
+
+    /// The index tuple of `tile`, which `new` built for one of its positions.
+    fn get(&self, tile: usize) -> &Bound<'py, PyTuple> {
+        self.tuples[tile]
+            .as_ref()
+            .expect("a tuple is built for every tile held")
+    }
 }
 
 /// The positions of the devices that this process can address.
@@ -116,6 +159,23 @@ pub struct IndexedDevice<'py> {
     pub tile: usize,
 }
 
+/// The device positions to list (all, or those this process addresses) and their tiles'
+/// index tuples.
+fn indices_of<'py>(
+    py: Python<'py>,
+    map: &IndexMap,
+    devices: &[Bound<'py, PyAny>],
+    addressable_only: bool,
+) -> PyResult<(Vec<usize>, TileIndices<'py>)> {
+    let positions = if addressable_only {
+        addressable_positions(py, devices)?
+    } else {
+        (0..devices.len()).collect()
+    };
+    let indices = TileIndices::new(py, map, &positions)?;
+    Ok((positions, indices))
+}
+
 /// The devices of `sharding` (all, or those this process addresses) with their indices, in
 /// device-assignment order, which is the order jaxlib expects shards in.
 pub fn indexed_devices<'py>(
@@ -123,22 +183,16 @@ pub fn indexed_devices<'py>(
     global_shape: &[usize],
     addressable_only: bool,
 ) -> PyResult<(IndexMap, Vec<IndexedDevice<'py>>)> {
-    let py = sharding.py();
     let (view, map) = index_map(sharding, global_shape)?;
     let devices = devices_of(&view)?;
-    let tiles = tile_indices(py, &map)?;
-    let positions = if addressable_only {
-        addressable_positions(py, devices)?
-    } else {
-        (0..devices.len()).collect()
-    };
+    let (positions, indices) = indices_of(sharding.py(), &map, devices, addressable_only)?;
     let out = positions
         .into_iter()
         .map(|position| {
             let tile = map.tile_of_device()[position];
             IndexedDevice {
                 device: devices[position].clone(),
-                index: tiles[tile].clone().expect("every tile held is built"),
+                index: indices.get(tile).clone(),
                 tile,
             }
         })
@@ -146,15 +200,35 @@ pub fn indexed_devices<'py>(
     Ok((map, out))
 }
 
+unsafe extern "C" {
+    /// The interpreter's `_PyDict_NewPresized`: private API, so pyo3-ffi leaves it out, but
+    /// exported by every version we support (3.13 restored it after a removal, for the many
+    /// projects that use it, orjson among them).
+    fn _PyDict_NewPresized(minused: ffi::Py_ssize_t) -> *mut ffi::PyObject;
+}
+
+/// An empty dict with room for `len` items, so that filling it never resizes.
+fn presized_dict(py: Python<'_>, len: usize) -> PyResult<Bound<'_, PyDict>> {
+    let len = ffi::Py_ssize_t::try_from(len)?;
+    // SAFETY: the GIL is held (`py`); the call returns a new reference to a dict, or null with
+    // an exception set.
+    let dict = unsafe { Bound::from_owned_ptr_or_err(py, _PyDict_NewPresized(len))? };
+    // SAFETY: `_PyDict_NewPresized` returns a dict.
+    Ok(unsafe { dict.cast_into_unchecked() })
+}
+
 fn indices_dict<'py>(
     sharding: &Bound<'py, PyAny>,
     global_shape: &[usize],
     addressable_only: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let (_, devices) = indexed_devices(sharding, global_shape, addressable_only)?;
-    let out = PyDict::new(sharding.py());
-    for IndexedDevice { device, index, .. } in devices {
-        out.set_item(device, index)?;
+    let (view, map) = index_map(sharding, global_shape)?;
+    let devices = devices_of(&view)?;
+    let (positions, indices) = indices_of(sharding.py(), &map, devices, addressable_only)?;
+    let out = presized_dict(sharding.py(), positions.len())?;
+    for position in positions {
+        let tile = map.tile_of_device()[position];
+        out.set_item(&devices[position], indices.get(tile))?;
     }
     Ok(out)
 }
@@ -198,7 +272,7 @@ pub fn device_replica_id_map<'py>(
 ) -> PyResult<Bound<'py, PyDict>> {
     let (view, map) = index_map(sharding, &shape_arg(global_shape)?)?;
     let devices = devices_of(&view)?;
-    let out = PyDict::new(py);
+    let out = presized_dict(py, devices.len())?;
     for (device, id) in devices.iter().zip(map.replica_ids()) {
         out.set_item(device, id)?;
     }
@@ -214,13 +288,17 @@ pub fn indices_array<'py>(
     global_shape: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyArray3<i64>>> {
     let (_, map) = index_map(sharding, &shape_arg(global_shape)?)?;
-    let out = PyArray3::<i64>::zeros(py, [map.num_devices(), map.ndim(), 2], false);
-    {
-        let mut bounds = out.readwrite();
-        let slice = bounds
-            .as_slice_mut()
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
-        py.detach(|| map.write_bounds(slice));
+    let dims = [map.num_devices(), map.ndim(), 2];
+    // SAFETY: the GIL is held; the array is new, C-ordered and not yet shared, and
+    // `write_bounds` below initializes every element before it is returned.
+    let out = unsafe { PyArray3::<i64>::new(py, dims, false) };
+    let len = dims.iter().product();
+    if len > 0 {
+        // SAFETY: `out` owns `len` contiguous, aligned i64 slots that nothing else references
+        // until it is returned; `MaybeUninit` makes no claim that they hold values.
+        let slots =
+            unsafe { std::slice::from_raw_parts_mut(out.data().cast::<MaybeUninit<i64>>(), len) };
+        py.detach(|| map.write_bounds(slots));
     }
     Ok(out)
 }

@@ -6,24 +6,38 @@ use fastpjit_core::{IndexMap, MeshAxes, NamedSpec};
 
 fn index_maps(c: &mut Criterion) {
     let mut group = c.benchmark_group("index_map");
+    // One tile per device (`P('x', 'y')`); tiles copied along `x` (`P('y')`), whose device
+    // order is a transposed iota; one tile per device out of order (`P('y', 'x')`).
+    let specs = [
+        (
+            "xy",
+            NamedSpec::new(vec![vec!["x".into()], vec!["y".into()]]),
+        ),
+        ("y", NamedSpec::new(vec![vec!["y".into()]])),
+        (
+            "yx",
+            NamedSpec::new(vec![vec!["y".into()], vec!["x".into()]]),
+        ),
+    ];
     for (sizes, shape) in [
         ([2usize, 4], [64usize, 64]),
         ([64, 64], [4096, 4096]),
-        ([64, 512], [4096, 8192]),
+        ([128, 256], [8192, 8192]),
     ] {
         let devices: usize = sizes.iter().product();
         let mesh = MeshAxes::new(vec!["x".into(), "y".into()], sizes.to_vec()).unwrap();
-        let spec = NamedSpec::new(vec![vec!["x".into()], vec!["y".into()]]);
         group.throughput(Throughput::Elements(devices as u64));
-        group.bench_with_input(BenchmarkId::from_parameter(devices), &devices, |b, &n| {
-            b.iter(|| {
-                let layout = spec.to_layout(&mesh, 2, None).unwrap();
-                let map = IndexMap::new(&layout, &shape, n).unwrap();
-                let mut out = vec![0i64; n * 4];
-                map.write_bounds(&mut out);
-                out
+        for (name, spec) in &specs {
+            group.bench_with_input(BenchmarkId::new(*name, devices), &devices, |b, &n| {
+                b.iter(|| {
+                    let layout = spec.to_layout(&mesh, 2, None).unwrap();
+                    let map = IndexMap::new(&layout, &shape, n).unwrap();
+                    let mut out = vec![0i64; n * 4];
+                    map.write_bounds(&mut out);
+                    out
+                });
             });
-        });
+        }
     }
     group.finish();
 }

@@ -1,7 +1,27 @@
 //! Per-device slices of a global array: the answer to JAX's `devices_indices_map`.
 
+use std::mem::MaybeUninit;
+
 use crate::error::ShardingError;
-use crate::tile::TileLayout;
+use crate::tile::{tile_of_position, TileLayout};
+
+/// A place for one bound in [`IndexMap::write_bounds`]: an `i64`, or a `MaybeUninit<i64>` of a
+/// buffer not yet written (a new array), which `write_bounds` initializes in full.
+pub trait BoundSlot {
+    fn set(&mut self, value: i64);
+}
+
+impl BoundSlot for i64 {
+    fn set(&mut self, value: i64) {
+        *self = value;
+    }
+}
+
+impl BoundSlot for MaybeUninit<i64> {
+    fn set(&mut self, value: i64) {
+        self.write(value);
+    }
+}
 
 /// Which tile of a global array each device position holds.
 ///
@@ -14,6 +34,8 @@ pub struct IndexMap {
     shard_shape: Vec<usize>,
     /// The tile id (row-major over `partitions`) of each device position.
     tile_of_device: Vec<usize>,
+    /// Whether device position k holds tile k, for every k.
+    tiles_in_order: bool,
 }
 
 impl IndexMap {
@@ -26,35 +48,18 @@ impl IndexMap {
         layout.check(shape.len(), num_devices)?;
         let partitions = layout.partitions(shape.len());
         let shard_shape = shard_shape(shape, &partitions)?;
-        let tile_of_device = match layout {
-            TileLayout::Replicated => vec![0; num_devices],
+        let (tile_of_device, tiles_in_order) = match layout {
+            TileLayout::Replicated => (vec![0; num_devices], num_devices <= 1),
             TileLayout::Tiled {
                 replicas, order, ..
-            } => {
-                let mut tiles = vec![usize::MAX; num_devices];
-                for (k, position) in order.positions().into_iter().enumerate() {
-                    let slot = tiles.get_mut(position).ok_or_else(|| {
-                        ShardingError::Invalid(format!(
-                            "the sharding names device position {position}, but there are only \
-                             {num_devices} devices"
-                        ))
-                    })?;
-                    if *slot != usize::MAX {
-                        return Err(ShardingError::Invalid(format!(
-                            "device position {position} appears more than once in the sharding"
-                        )));
-                    }
-                    *slot = k / replicas;
-                }
-                // Every slot is filled: positions are `num_devices` distinct values below it.
-                tiles
-            }
+            } => tile_of_position(order, *replicas, num_devices)?,
         };
         Ok(Self {
             shape: shape.to_vec(),
             partitions,
             shard_shape,
             tile_of_device,
+            tiles_in_order,
         })
     }
 
@@ -89,18 +94,21 @@ impl IndexMap {
         &self.tile_of_device
     }
 
-    /// The `[start, stop)` bounds of tile `tile` in every dimension.
-    pub fn tile_bounds(&self, tile: usize) -> impl Iterator<Item = (usize, usize)> + '_ {
+    /// The coordinates of tile `tile` in the grid of `partitions`, major first.
+    pub fn tile_coords(&self, tile: usize) -> impl ExactSizeIterator<Item = usize> + '_ {
         // Tile ids are row-major over `partitions`; walk the divisors from the last axis out.
         let mut divisor = self.num_tiles();
-        self.partitions
-            .iter()
+        self.partitions.iter().map(move |&parts| {
+            divisor /= parts;
+            (tile / divisor) % parts
+        })
+    }
+
+    /// The `[start, stop)` bounds of tile `tile` in every dimension.
+    pub fn tile_bounds(&self, tile: usize) -> impl Iterator<Item = (usize, usize)> + '_ {
+        self.tile_coords(tile)
             .zip(&self.shard_shape)
-            .map(move |(&parts, &size)| {
-                divisor /= parts;
-                let coord = (tile / divisor) % parts;
-                (coord * size, (coord + 1) * size)
-            })
+            .map(|(coord, &size)| (coord * size, (coord + 1) * size))
     }
 
     /// The `[start, stop)` bounds that device position `device` holds in every dimension.
@@ -108,22 +116,102 @@ impl IndexMap {
         self.tile_bounds(self.tile_of_device[device])
     }
 
+    /// Calls `f` with the coordinates of every tile, in tile-id order; stops at the first
+    /// error. Counts like an odometer, so no tile's coordinates cost a division.
+    pub fn try_for_each_tile<E>(
+        &self,
+        mut f: impl FnMut(&[usize]) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let mut coords = vec![0usize; self.ndim()];
+        for _ in 0..self.num_tiles() {
+            f(&coords)?;
+            for (coord, &parts) in coords.iter_mut().zip(&self.partitions).rev() {
+                *coord += 1;
+                if *coord < parts {
+                    break;
+                }
+                *coord = 0;
+            }
+        }
+        Ok(())
+    }
+
     /// Writes `[start, stop]` pairs for every device and dimension into `out`, laid out as a
-    /// C-ordered `(num_devices, ndim, 2)` array.
-    pub fn write_bounds(&self, out: &mut [i64]) {
+    /// C-ordered `(num_devices, ndim, 2)` array; every slot of `out` is written.
+    ///
+    /// The bounds of each tile are computed once, into a table, and copied to the devices that
+    /// hold it; no step divides.
+    pub fn write_bounds<S: BoundSlot>(&self, out: &mut [S]) {
         assert_eq!(
             out.len(),
             self.num_devices() * self.ndim() * 2,
             "bounds buffer size"
         );
-        let ndim = self.ndim();
-        if ndim == 0 {
+        // Constant row widths let the compiler unroll the copies of the common ranks.
+        match self.ndim() {
+            0 => {}
+            1 => self.write_bounds_rows::<2, S>(out),
+            2 => self.write_bounds_rows::<4, S>(out),
+            3 => self.write_bounds_rows::<6, S>(out),
+            4 => self.write_bounds_rows::<8, S>(out),
+            _ => self.write_bounds_rows::<0, S>(out),
+        }
+    }
+
+    /// `write_bounds` with rows of `W` values (`0`: of `2 * ndim`, not known when compiling).
+    fn write_bounds_rows<const W: usize, S: BoundSlot>(&self, out: &mut [S]) {
+        if self.tiles_in_order {
+            // The table is the answer.
+            self.write_tile_rows::<W, S>(out);
             return;
         }
-        for (chunk, &tile) in out.chunks_exact_mut(ndim * 2).zip(&self.tile_of_device) {
-            for (pair, (start, stop)) in chunk.chunks_exact_mut(2).zip(self.tile_bounds(tile)) {
-                pair[0] = start as i64;
-                pair[1] = stop as i64;
+        let width = if W == 0 { 2 * self.ndim() } else { W };
+        let mut table = vec![0i64; self.num_tiles() * width];
+        self.write_tile_rows::<W, i64>(&mut table);
+        for (row, &tile) in out.chunks_exact_mut(width).zip(&self.tile_of_device) {
+            for (slot, &bound) in row.iter_mut().zip(&table[tile * width..][..width]) {
+                slot.set(bound);
+            }
+        }
+    }
+
+    /// Writes the bounds of every tile, in tile-id order, as rows of `W` values (as in
+    /// `write_bounds_rows`).
+    ///
+    /// Tiles that differ only in the last coordinate form a run: the leading bounds are copied
+    /// and the last pair steps by the shard size.
+    fn write_tile_rows<const W: usize, S: BoundSlot>(&self, out: &mut [S]) {
+        let width = if W == 0 { 2 * self.ndim() } else { W };
+        let (&last_parts, outer_parts) = self.partitions.split_last().expect("rank is positive");
+        let last_size = *self.shard_shape.last().expect("rank is positive") as i64;
+        // The bounds of the dimensions before the last, at the current outer coordinates.
+        let mut prefix: Vec<i64> = self.shard_shape[..outer_parts.len()]
+            .iter()
+            .flat_map(|&size| [0, size as i64])
+            .collect();
+        let mut coords = vec![0usize; outer_parts.len()];
+        for run in out.chunks_exact_mut(width * last_parts) {
+            let mut start = 0i64;
+            for row in run.chunks_exact_mut(width) {
+                let (lead, last) = row.split_at_mut(width - 2);
+                for (slot, &bound) in lead.iter_mut().zip(&prefix[..width - 2]) {
+                    slot.set(bound);
+                }
+                last[0].set(start);
+                start += last_size;
+                last[1].set(start);
+            }
+            for (axis, &parts) in outer_parts.iter().enumerate().rev() {
+                let size = self.shard_shape[axis] as i64;
+                coords[axis] += 1;
+                if coords[axis] < parts {
+                    prefix[2 * axis] += size;
+                    prefix[2 * axis + 1] += size;
+                    break;
+                }
+                coords[axis] = 0;
+                prefix[2 * axis] = 0;
+                prefix[2 * axis + 1] = size;
             }
         }
     }
@@ -194,6 +282,7 @@ pub fn shard_shape(shape: &[usize], partitions: &[usize]) -> Result<Vec<usize>, 
 mod tests {
     use super::*;
     use crate::mesh::{MeshAxes, NamedSpec};
+    use crate::tile::tests::Rng;
     use crate::tile::DeviceOrder;
 
     fn mesh_2x4() -> MeshAxes {
@@ -355,5 +444,107 @@ mod tests {
         let layout = spec(&[&["x"]]).to_layout(&mesh_2x4(), 1, None).unwrap();
         let map = IndexMap::new(&layout, &[0], 8).unwrap();
         assert_eq!(map.replica_ids(), (0..8).collect::<Vec<_>>());
+    }
+
+    /// A slot that checks that `write_bounds` writes it once, as an uninitialized buffer needs.
+    #[derive(Clone)]
+    struct WrittenOnce(Option<i64>);
+
+    impl BoundSlot for WrittenOnce {
+        fn set(&mut self, value: i64) {
+            assert!(self.0.replace(value).is_none(), "a slot was written twice");
+        }
+    }
+
+    /// A random tiled layout: iota or explicit order, 0 to 5 dimensions, some replicas.
+    fn random_layout(rng: &mut Rng) -> (TileLayout, Vec<usize>) {
+        let ndim = rng.below(6);
+        let partitions: Vec<usize> = (0..ndim).map(|_| 1 + rng.below(4)).collect();
+        let replicas = 1 + rng.below(3);
+        let total = partitions.iter().product::<usize>() * replicas;
+        let order = match rng.below(3) {
+            0 => {
+                let mut list: Vec<usize> = (0..total).collect();
+                rng.shuffle(&mut list);
+                DeviceOrder::Explicit(list)
+            }
+            1 => DeviceOrder::Iota {
+                reshape: vec![total],
+                perm: vec![],
+            },
+            _ => {
+                // Split the devices into random factors and transpose them.
+                let mut reshape = Vec::new();
+                let mut rest = total;
+                while rest > 1 {
+                    let d = rng.divisor(rest);
+                    if d > 1 {
+                        reshape.push(d);
+                        rest /= d;
+                    }
+                }
+                let mut perm: Vec<usize> = (0..reshape.len()).collect();
+                rng.shuffle(&mut perm);
+                DeviceOrder::Iota { reshape, perm }
+            }
+        };
+        // Shards of 0 to 2 elements.
+        let shape = partitions.iter().map(|&p| p * rng.below(3)).collect();
+        let layout = TileLayout::Tiled {
+            partitions,
+            replicas,
+            order,
+        };
+        (layout, shape)
+    }
+
+    #[test]
+    fn bounds_array_matches_per_device_bounds_on_random_layouts() {
+        let mut rng = Rng::new(4);
+        for _ in 0..3000 {
+            let (layout, shape) = random_layout(&mut rng);
+            let n = layout.partitions(shape.len()).iter().product::<usize>()
+                * match &layout {
+                    TileLayout::Tiled { replicas, .. } => *replicas,
+                    TileLayout::Replicated => 1,
+                };
+            let map = IndexMap::new(&layout, &shape, n).unwrap();
+            if let TileLayout::Tiled {
+                replicas, order, ..
+            } = &layout
+            {
+                let mut tiles = vec![usize::MAX; n];
+                for (k, position) in order.positions().into_iter().enumerate() {
+                    tiles[position] = k / replicas;
+                }
+                assert_eq!(map.tile_of_device(), tiles, "{layout:?}");
+            }
+            let mut out = vec![-1i64; n * shape.len() * 2];
+            map.write_bounds(&mut out);
+            let expected: Vec<i64> = (0..n)
+                .flat_map(|d| map.device_bounds(d).collect::<Vec<_>>())
+                .flat_map(|(start, stop)| [start as i64, stop as i64])
+                .collect();
+            assert_eq!(out, expected, "{layout:?} over {shape:?}");
+            let mut once = vec![WrittenOnce(None); out.len()];
+            map.write_bounds(&mut once);
+            assert!(once.iter().map(|w| w.0).eq(out.iter().copied().map(Some)));
+            let mut tile = 0;
+            map.try_for_each_tile(|coords| {
+                assert_eq!(coords, map.tile_coords(tile).collect::<Vec<_>>());
+                tile += 1;
+                Ok::<(), ()>(())
+            })
+            .unwrap();
+            assert_eq!(tile, map.num_tiles());
+        }
+    }
+
+    #[test]
+    fn replicated_bounds_are_the_whole_array() {
+        let map = IndexMap::new(&TileLayout::Replicated, &[4, 6], 3).unwrap();
+        let mut out = vec![0i64; 3 * 4];
+        map.write_bounds(&mut out);
+        assert_eq!(out, [0, 4, 0, 6].repeat(3));
     }
 }
