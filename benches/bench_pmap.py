@@ -1,0 +1,103 @@
+"""pmap dispatch: `fastpjit.pmap` against `jax.pmap` and the raw executable
+
+Each case calls one pmapped function the same way on three sides: `fastpjit.pmap`, `jax.pmap`,
+and the floor, which is the very executable that both run (JAX's jit over `shard_map`, taken
+from JAX's own cache miss) called through `LoadedExecutable.execute_sharded` on inputs already
+on the devices, its outputs built by the same result handlers. Inputs are already laid out as
+a previous pmap leaves them, except in the numpy case, where ours and JAX's take the host array
+and the floor takes it already placed. Every case checks that ours and JAX's outputs agree
+(values, dtype, sharding) before timing.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+from harness import Case, Sides
+
+import fastpjit
+from fastpjit import _jax
+
+COLUMNS = ("devices", "args")
+GOAL_OVERHEAD_RATIO = 0.2
+GOAL_ONE_DEVICE = 1.1
+
+
+def _same(ours, theirs) -> bool:
+    pairs = zip(jax.tree.leaves(ours), jax.tree.leaves(theirs), strict=True)
+    return all(a.sharding == b.sharding and a.dtype == b.dtype and np.array_equal(a, b)
+               for a, b in pairs)
+
+
+def _floor(pmapped, args):
+    """The executable that `pmapped` runs for `args`, called directly."""
+    outs, entry, _ = _jax.pmap_cache_miss(pmapped, args, {})
+    executable, out_tree, _, handlers, kept, consts = entry
+    assert all(kept) and not consts, "the floor needs every argument kept and no constants"
+    flat = jax.tree.leaves(args)
+    run = executable.execute_sharded
+
+    def call():
+        return out_tree.unflatten(run(flat).consume_with_handlers(handlers))
+    return call
+
+
+def _sides(fun, devices: int, args, floor_args=None, **options) -> Sides:
+    device_list = jax.devices()[:devices]
+    ours = fastpjit.pmap(fun, devices=device_list, **options)
+    theirs = jax.pmap(fun, devices=device_list, **options)
+    floor = _floor(theirs, floor_args if floor_args is not None else args)
+    return Sides(ours=lambda: ours(*args), jax=lambda: theirs(*args), floor=floor,
+                 check=_same)
+
+
+def _placed(devices: int, *shape: int):
+    host = np.arange(devices * int(np.prod(shape)), dtype=np.float32).reshape(devices, *shape)
+    return jax.pmap(lambda v: v, devices=jax.devices()[:devices])(host)
+
+
+def _trivial(devices: int) -> Sides:
+    return _sides(lambda v: v + 1, devices, (_placed(devices, 4),))
+
+
+def _numpy_input() -> Sides:
+    host = np.arange(32, dtype=np.float32).reshape(8, 4)
+    return _sides(lambda v: v + 1, 8, (host,), floor_args=(_placed(8, 4),))
+
+
+def _many_args(count: int) -> Sides:
+    args = tuple(_placed(8, 2) for _ in range(count))
+    return _sides(lambda *vs: sum(vs), 8, args)
+
+
+CASES = [
+    Case("trivial, 1 device", build=lambda: _trivial(1), devices=8,
+         meta={"devices": 1, "args": 1}),
+    Case("trivial, 8 devices", build=lambda: _trivial(8), devices=8,
+         meta={"devices": 8, "args": 1}),
+    Case("numpy input, 8 devices", build=_numpy_input, devices=8,
+         meta={"devices": 8, "args": 1}),
+    Case("100 arguments, 8 devices", build=lambda: _many_args(100), devices=8,
+         meta={"devices": 8, "args": 100}),
+]
+
+
+def notes(rows, processes) -> str:
+    """The issue's goals, measured."""
+    lines = ["**Goals.**"]
+    for row in rows:
+        ratio = row.get("overhead_ratio")
+        if ratio is None:
+            continue
+        met = ratio <= GOAL_OVERHEAD_RATIO
+        lines.append(f"- {row['name']}: our overhead above the floor is {ratio:.2f} of "
+                     f"jax.pmap's (goal ≤ {GOAL_OVERHEAD_RATIO}), "
+                     f"{'met' if met else '**not met**'}.")
+    one = next((row for row in rows if row["devices"] == 1), None)
+    if one is not None and one.get("floor_us"):
+        within = one["ours_us"] / one["floor_us"]
+        met = within <= GOAL_ONE_DEVICE
+        lines.append(f"- 1 device, the whole call within 10% of the floor: "
+                     f"{within:.2f}× the floor, {'met' if met else '**not met**'}.")
+    return "\n".join(lines)
+
