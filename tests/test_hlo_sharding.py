@@ -13,7 +13,6 @@ import sys
 import textwrap
 from collections import defaultdict
 
-import fastpjit
 import jax
 import numpy as np
 import pytest
@@ -23,6 +22,8 @@ from jax._src import sharding as jax_sharding
 from jax._src.lib import xla_client as xc
 from jax._src.sharding_impls import GSPMDSharding
 from jax._src.sharding_impls import device_replica_id_map as jax_device_replica_id_map
+
+import fastpjit
 
 DEVICES = tuple(jax.devices())
 INDEX_MAP_FUNCTIONS = (

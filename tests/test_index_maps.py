@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 
-import fastpjit
 import jax
 import numpy as np
 import pytest
@@ -22,6 +21,8 @@ from jax._src.sharding_impls import GSPMDSharding
 from jax._src.sharding_impls import device_replica_id_map as jax_device_replica_id_map
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
+
+import fastpjit
 
 DEVICES = tuple(jax.devices())
 AXIS_NAMES = ("x", "y", "z", "w")

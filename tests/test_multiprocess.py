@@ -15,12 +15,13 @@ import sys
 import time
 import traceback
 
-import fastpjit
 import jax
 import numpy as np
 from jax._src.sharding_impls import device_replica_id_map
 from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
+
+import fastpjit
 
 NUM_PROCESSES = 2
 LOCAL_DEVICES = 4

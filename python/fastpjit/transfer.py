@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 import jax
-
 from jax.sharding import Sharding, SingleDeviceSharding
 
 from fastpjit import _core, _jax
