@@ -24,6 +24,7 @@ from jax._src import sharding_impls as _sharding_impls
 from jax._src import stages as _stages
 from jax._src import tree_util as _tree_util
 from jax._src import util as _util
+from jax._src.array import ArrayImpl
 from jax._src.interpreters import pxla as _pxla
 from jax._src.lib import xla_client as xc
 from jax._src.sharding_impls import GSPMDSharding
@@ -32,6 +33,7 @@ IndivisibleError = _sharding.IndivisibleError
 DuplicateSpecError = _named_sharding.DuplicateSpecError
 
 __all__ = [
+    "ArrayImpl",
     "DuplicateSpecError",
     "flatten_for_dispatch",
     "aot_cache_miss",

@@ -26,17 +26,22 @@ class JitWrapped(_core.JitFunction):
 
     _jitted: Any
 
+    @property
+    def _active(self) -> Any:
+        """The jax.jit function that traces this one's calls."""
+        return self._jitted
+
     def lower(self, *args: Any, **kwargs: Any) -> Lowered:
         """Lowers for these arguments, as `jax.jit(fun).lower` does."""
-        return Lowered(self._jitted.lower(*args, **kwargs))
+        return Lowered(self._active.lower(*args, **kwargs))
 
     def trace(self, *args: Any, **kwargs: Any) -> Any:
         """Traces for these arguments, as `jax.jit(fun).trace` does."""
-        return self._jitted.trace(*args, **kwargs)
+        return self._active.trace(*args, **kwargs)
 
     def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
         """Output shapes and dtypes, as `jax.jit(fun).eval_shape` gives them."""
-        return self._jitted.eval_shape(*args, **kwargs)
+        return self._active.eval_shape(*args, **kwargs)
 
     def clear_cache(self) -> None:
         """Forgets the executables compiled for this function."""
@@ -105,15 +110,6 @@ class _PjitWrapped(JitWrapped):
     @property
     def _active(self) -> Any:
         return self._legacy if _jax.in_legacy_mesh_context() else self._jitted
-
-    def lower(self, *args: Any, **kwargs: Any) -> Lowered:
-        return Lowered(self._active.lower(*args, **kwargs))
-
-    def trace(self, *args: Any, **kwargs: Any) -> Any:
-        return self._active.trace(*args, **kwargs)
-
-    def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
-        return self._active.eval_shape(*args, **kwargs)
 
     def clear_cache(self) -> None:
         super().clear_cache()

@@ -4,6 +4,7 @@ mod cache;
 mod dispatch;
 mod errors;
 mod index_maps;
+mod jax;
 mod sharding;
 mod stats;
 mod transfer;

@@ -8,19 +8,12 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyTuple, PyType};
 
 use crate::errors::sharding_error;
+use crate::jax::private;
 
 static NAMED_SHARDING: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static SINGLE_DEVICE_SHARDING: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static ABSTRACT_MESH: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static SHARDING: PyOnceLock<Py<PyType>> = PyOnceLock::new();
-static PRIVATE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
-
-/// The private-API module `fastpjit._jax`, imported once.
-pub fn private(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
-    Ok(PRIVATE
-        .get_or_try_init(py, || py.import("fastpjit._jax").map(Bound::unbind))?
-        .bind(py))
-}
 
 /// A sharding in the core's terms, for arrays of one rank.
 pub struct ShardingView<'py> {

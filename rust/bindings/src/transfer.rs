@@ -13,7 +13,7 @@ use pyo3::types::{PyBool, PyComplex, PyFloat, PyInt, PyList, PyTuple, PyType};
 
 use crate::cache::BoundedCache;
 use crate::index_maps::indexed_devices;
-use crate::sharding::private;
+use crate::jax::{attribute as get, private, type_attribute as get_type};
 use crate::stats::count_fallback;
 
 /// Python callables and types that the shard path uses, fetched once.
@@ -44,11 +44,6 @@ fn handles(py: Python<'_>) -> PyResult<&Handles> {
         let jax = private(py)?;
         let public_jax = py.import("jax")?;
         let numpy = py.import("numpy")?;
-        let get =
-            |module: &Bound<'_, PyModule>, name: &str| module.getattr(name).map(Bound::unbind);
-        let get_type = |module: &Bound<'_, PyModule>, name: &str| -> PyResult<Py<PyType>> {
-            Ok(module.getattr(name)?.cast_into::<PyType>()?.unbind())
-        };
         Ok(Handles {
             batched_device_put: get(jax, "batched_device_put")?,
             device_put_aval: get(jax, "device_put_aval")?,

@@ -5,7 +5,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyTuple, PyType};
 
-use crate::sharding::private;
+use crate::jax::{attribute as get, private, type_attribute as get_type};
 
 pub struct Handles {
     trace_context: Py<PyAny>,
@@ -23,11 +23,6 @@ pub fn handles(py: Python<'_>) -> PyResult<&Handles> {
     HANDLES.get_or_try_init(py, || {
         let jax = private(py)?;
         let numpy = py.import("numpy")?;
-        let get =
-            |module: &Bound<'_, PyModule>, name: &str| module.getattr(name).map(Bound::unbind);
-        let get_type = |module: &Bound<'_, PyModule>, name: &str| -> PyResult<Py<PyType>> {
-            Ok(module.getattr(name)?.cast_into::<PyType>()?.unbind())
-        };
         Ok(Handles {
             trace_context: get(jax, "trace_context")?,
             jit_key_states: jax
@@ -37,7 +32,7 @@ pub fn handles(py: Python<'_>) -> PyResult<&Handles> {
                 .collect::<PyResult<_>>()?,
             flatten: get(jax, "flatten_for_dispatch")?,
             shard_arg: get(jax, "shard_arg")?,
-            array_impl: get_type(&py.import("jax._src.array")?, "ArrayImpl")?,
+            array_impl: get_type(jax, "ArrayImpl")?,
             ndarray: get_type(&numpy, "ndarray")?,
             numpy_scalar: get_type(&numpy, "generic")?,
         })
