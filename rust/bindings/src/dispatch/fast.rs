@@ -79,8 +79,6 @@ impl FastKey {
                 return Ok(false);
             }
         }
-        let now = h.jit_key(py)?;
-        let then = self.context.bind(py);
-        Ok(now.len() == then.len() && now.iter().zip(then.iter()).all(|(a, b)| a.is(&b)))
+        h.jit_key_is(py, self.context.bind(py))
     }
 }

@@ -53,4 +53,26 @@ impl Handles {
         }
         PyTuple::new(py, items)
     }
+
+    /// Whether JAX's jit key now is `stored` (as `jit_key` built it), item by item by
+    /// identity; builds no tuple.
+    pub fn jit_key_is(&self, py: Python<'_>, stored: &Bound<'_, PyTuple>) -> PyResult<bool> {
+        let context = self.trace_context.bind(py).call0()?;
+        let context = context.cast::<PyTuple>()?;
+        if context.len() + self.jit_key_states.len() != stored.len() {
+            return Ok(false);
+        }
+        for (i, item) in context.iter().enumerate() {
+            if !item.is(stored.get_item(i)?) {
+                return Ok(false);
+            }
+        }
+        for (i, state) in self.jit_key_states.iter().enumerate() {
+            let value = state.bind(py).getattr(intern!(py, "value"))?;
+            if !value.is(stored.get_item(context.len() + i)?) {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
 }
