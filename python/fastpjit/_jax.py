@@ -105,9 +105,10 @@ def copy_to_host_async(single: Any) -> None:
     single._copy_single_device_array_to_host_async()
 
 
-def host_view(single: Any) -> np.ndarray:
-    """A numpy view (a copy where the platform needs one) of a single-device array."""
-    return single._single_device_array_to_np_array_did_copy()[0]
+def host_view(array: Any) -> np.ndarray:
+    """A numpy view (a copy where the platform needs one) of a single-device or fully
+    replicated array: the value of its first shard."""
+    return array._single_device_array_to_np_array_did_copy()[0]
 
 
 def cached_host_value(array: Any) -> np.ndarray | None:

@@ -418,8 +418,7 @@ pub fn get_host_value<'py>(x: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>>
     }
     if x.getattr(intern!(py, "is_fully_replicated"))?.is_truthy()? {
         // JAX hands back a read-only view of one replica, uncached.
-        let single = x.call_method1(intern!(py, "addressable_data"), (0,))?;
-        return h.host_view.bind(py).call1((single,));
+        return h.host_view.bind(py).call1((x,));
     }
     let sharding = x.getattr(intern!(py, "sharding"))?;
     let shape: Vec<usize> = x.getattr(intern!(py, "shape"))?.extract()?;

@@ -194,21 +194,24 @@ pub fn copy(
         return Ok(());
     }
     let chunk = outer.div_ceil(threads.min(outer));
+    let run_chunk = |start: usize| {
+        // SAFETY: as above; chunks are disjoint outer slices of a destination that writes no
+        // byte twice.
+        unsafe {
+            plan.run(
+                src_ptr.get(),
+                dst_ptr.get(),
+                start..(start + chunk).min(outer),
+            );
+        };
+    };
+    // The calling thread copies the first chunk itself rather than only waiting.
     std::thread::scope(|scope| {
-        for start in (0..outer).step_by(chunk) {
-            let plan = &plan;
-            scope.spawn(move || {
-                // SAFETY: as above; threads write disjoint outer slices of a destination that
-                // writes no byte twice.
-                unsafe {
-                    plan.run(
-                        src_ptr.get(),
-                        dst_ptr.get(),
-                        start..(start + chunk).min(outer),
-                    );
-                };
-            });
+        for start in (chunk..outer).step_by(chunk) {
+            let run_chunk = &run_chunk;
+            scope.spawn(move || run_chunk(start));
         }
+        run_chunk(0);
     });
     Ok(())
 }
@@ -285,10 +288,11 @@ pub fn assemble(
         run_share(0);
     } else {
         std::thread::scope(|scope| {
-            for share in 0..threads {
+            for share in 1..threads {
                 let run_share = &run_share;
                 scope.spawn(move || run_share(share));
             }
+            run_share(0);
         });
     }
     Ok(())
