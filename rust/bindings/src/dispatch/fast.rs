@@ -1,6 +1,7 @@
-//! The identity check that lets a repeated call skip keying: positional `jax.Array`s only,
-//! carrying the very aval and sharding objects of a call already keyed, with the same
-//! commitment, under a trace context unchanged item by item.
+//! The identity check that lets a repeated call skip keying: positional arguments only (bare
+//! `jax.Array`s, or pytrees of them in the same tree), whose leaves carry the very aval and
+//! sharding objects of a call already keyed, with the same commitment, under a jit key
+//! unchanged item by item.
 
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -14,19 +15,24 @@ pub struct FastKey {
     shardings: Vec<Py<PyAny>>,
     committed: Vec<bool>,
     context: Py<PyTuple>,
-    /// Whether each argument's sharding is the executable's input sharding (else JAX moves it).
+    /// Whether each leaf's sharding is the executable's input sharding (else JAX moves it).
     pub direct: Vec<bool>,
+    /// The tree of `(args, {})` as JAX's dispatch flattens it; `None` when the leaves are the
+    /// positional arguments themselves.
+    pub treedef: Option<Py<PyAny>>,
 }
 
 impl FastKey {
-    /// The fast key of a call keyed by `signature`, if the call was flat: positional arrays
-    /// only. `in_sharding(i)` is the executable's sharding for argument `i`, if it takes it.
+    /// The fast key of a call keyed by `signature`, if the call was positional only with
+    /// array leaves; `treedef` as for the field. `in_sharding(i)` is the executable's
+    /// sharding for leaf `i`, if it takes it.
     pub fn new(
         py: Python<'_>,
         signature: &Signature,
+        treedef: Option<Py<PyAny>>,
         in_sharding: impl Fn(usize) -> Option<Py<PyAny>>,
     ) -> PyResult<Option<Self>> {
-        if !signature.flat {
+        if !signature.positional_only {
             return Ok(None);
         }
         let Ok(context) = signature.context.obj.bind(py).cast::<PyTuple>() else {
@@ -38,6 +44,7 @@ impl FastKey {
             committed: Vec::new(),
             context: context.clone().unbind(),
             direct: Vec::new(),
+            treedef,
         };
         for (i, leaf) in signature.leaves.iter().enumerate() {
             let LeafKind::Array {

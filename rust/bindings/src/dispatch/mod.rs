@@ -144,8 +144,12 @@ impl JitFunction {
         py: Python<'_>,
         cached: &Arc<Cached>,
         signature: &Signature,
+        treedef: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        let key = FastKey::new(py, signature, |j| cached.entry.in_sharding_of_arg(py, j))?;
+        let treedef = treedef.map(|t| t.clone().unbind());
+        let key = FastKey::new(py, signature, treedef, |j| {
+            cached.entry.in_sharding_of_arg(py, j)
+        })?;
         *self.latest.lock().unwrap_or_else(PoisonError::into_inner) = key.map(|key| {
             Arc::new(Latest {
                 cached: cached.clone(),
@@ -264,15 +268,32 @@ impl JitFunction {
             kwargs.is_none_or(PyDictMethods::is_empty) && self.static_argnums.is_empty();
         if positional_only {
             if let Some(latest) = self.latest() {
-                if latest.key.matches(py, h, args)? {
-                    count(Counter::CacheHit);
-                    return latest.cached.entry.call_fast(
-                        py,
-                        h,
-                        args,
-                        &latest.key.direct,
-                        &self.kind,
-                    );
+                let leaves = match &latest.key.treedef {
+                    None => Some(args.clone()),
+                    Some(expected) => {
+                        let (leaves, treedef): (Bound<'py, PyList>, Bound<'py, PyAny>) = h
+                            .flatten
+                            .bind(py)
+                            .call1(((args, PyDict::new(py)),))?
+                            .extract()?;
+                        if treedef.eq(expected.bind(py))? {
+                            Some(leaves.to_tuple())
+                        } else {
+                            None
+                        }
+                    }
+                };
+                if let Some(leaves) = leaves {
+                    if latest.key.matches(py, h, &leaves)? {
+                        count(Counter::CacheHit);
+                        return latest.cached.entry.call_fast(
+                            py,
+                            h,
+                            &leaves,
+                            &latest.key.direct,
+                            &self.kind,
+                        );
+                    }
                 }
             }
         }
@@ -283,28 +304,33 @@ impl JitFunction {
             .call1(((call.args, call.kwargs),))?
             .extract()?;
         let leaves: Vec<Bound<'py, PyAny>> = leaves.iter().collect();
+        // A call whose leaves are its positional arguments needs no flattening to recognise.
         let flat = positional_only
             && leaves.len() == args.len()
             && leaves
                 .iter()
                 .zip(args.iter())
                 .all(|(leaf, arg)| leaf.is(&arg));
-        let signature = match Signature::new(py, h, &call.statics, &treedef, &leaves, flat)? {
-            Ok(signature) => signature,
-            Err(reason) => {
-                let why = match reason {
-                    Unkeyable::Leaf => "an argument is a tracer or not an array; JAX runs the call",
-                    Unkeyable::UnhashableStatic => {
-                        "a static argument has no hash; JAX runs the call"
-                    }
-                };
-                count_fallback(&format!("{}: {why}", self.kind));
-                return Self::callable(py, self.fallback.as_ref())?.call(args, kwargs);
-            }
-        };
+        let fast_treedef = (!flat).then_some(&treedef);
+        let signature =
+            match Signature::new(py, h, &call.statics, &treedef, &leaves, positional_only)? {
+                Ok(signature) => signature,
+                Err(reason) => {
+                    let why = match reason {
+                        Unkeyable::Leaf => {
+                            "an argument is a tracer or not an array; JAX runs the call"
+                        }
+                        Unkeyable::UnhashableStatic => {
+                            "a static argument has no hash; JAX runs the call"
+                        }
+                    };
+                    count_fallback(&format!("{}: {why}", self.kind));
+                    return Self::callable(py, self.fallback.as_ref())?.call(args, kwargs);
+                }
+            };
         if let Some(cached) = self.lookup(py, &signature)? {
             count(Counter::CacheHit);
-            self.set_latest(py, &cached, &signature)?;
+            self.set_latest(py, &cached, &signature, fast_treedef)?;
             return match cached
                 .entry
                 .call(py, h, &leaves, &signature.leaves, &self.kind)
@@ -330,13 +356,13 @@ impl JitFunction {
             ));
         } else if let Some(cached) = self.lookup(py, &signature)? {
             // Another thread missed on the same key meanwhile and cached its executable.
-            self.set_latest(py, &cached, &signature)?;
+            self.set_latest(py, &cached, &signature, fast_treedef)?;
         } else {
             let cached = Arc::new(Cached {
                 entry: Entry::from_miss(&entry)?,
                 signature,
             });
-            self.set_latest(py, &cached, &cached.signature)?;
+            self.set_latest(py, &cached, &cached.signature, fast_treedef)?;
             self.lock().insert(cached, self.capacity);
         }
         Ok(outs)

@@ -61,8 +61,8 @@ pub struct Signature {
     pub leaves: Vec<LeafSignature>,
     pub context: Hashed,
     pub hash: u64,
-    /// Whether the call was positional arrays only, with no keywords or static arguments.
-    pub flat: bool,
+    /// Whether the call had positional arguments only, no static ones, and array leaves.
+    pub positional_only: bool,
 }
 
 /// Why a call cannot be keyed: it must go to JAX.
@@ -75,7 +75,7 @@ pub enum Unkeyable {
 
 impl Signature {
     /// Keys a call whose dynamic leaves are `leaves`, with tree `treedef` and static arguments
-    /// `statics`; `flat` says the leaves are the positional arguments themselves.
+    /// `statics`; `positional_only` says the call had no keywords and no static arguments.
     /// `Err(Unkeyable)` for calls that JAX must run.
     pub fn new(
         py: Python<'_>,
@@ -83,7 +83,7 @@ impl Signature {
         statics: &[Bound<'_, PyAny>],
         treedef: &Bound<'_, PyAny>,
         leaves: &[Bound<'_, PyAny>],
-        flat: bool,
+        positional_only: bool,
     ) -> PyResult<Result<Self, Unkeyable>> {
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
         let mut static_keys = Vec::with_capacity(statics.len());
@@ -119,7 +119,7 @@ impl Signature {
             }
             keys.push(key);
         }
-        let flat = flat
+        let positional_only = positional_only
             && keys
                 .iter()
                 .all(|k| matches!(k.kind, LeafKind::Array { .. }));
@@ -129,7 +129,7 @@ impl Signature {
             leaves: keys,
             context,
             hash: hasher.finish(),
-            flat,
+            positional_only,
         }))
     }
 

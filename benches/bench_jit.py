@@ -1,0 +1,199 @@
+"""jit dispatch: `fastpjit.jit` against `jax.jit` and the raw executable, per call
+
+What a call of a jitted function costs on top of running its executable. Every case times
+`fastpjit.jit(f)(...)` against `jax.jit(f)(...)` on the same inputs, both warm (compiled by an
+untimed first call), and against the **floor**: the same `LoadedExecutable` (from
+`jax.jit(f).lower(...).compile()`, the object that both dispatchers run) called directly with
+`execute_sharded` on the flat inputs already on their devices, then `consume_with_handlers`
+with JAX's result handlers, and the output tree rebuilt when there is one. The floor does no
+keying, no flattening, no checks and no transfers: it is what any dispatcher pays for XLA's run
+and the output `jax.Array`s. Every side's result is checked against JAX's, leaf by leaf: tree
+structure, values, dtype, weak type, sharding and commitment.
+
+- **x + 1** rows: an (8, 4) float32 array, on one device or split over 8 with `P('x')`.
+- **tree N** rows: a dict of N float32 arrays of shape (4,) on one device; the function returns
+  the same tree plus one (`→ tree`) or the sum of all leaves (`→ scalar`).
+- **numpy → 8 devices**: a host (8, 4) numpy array into `jit(f, in_shardings=P('x'))`, so each
+  call transfers it; the floor runs the same executable on the array already placed.
+- **AOT compiled**: `f.lower(x).compile()` on each side, called on a 1-device array.
+- **cache miss**: a fresh function object (a lambda over a constant) per call on each side, so
+  every call traces, lowers and compiles; no floor.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from harness import Case, CheckFailed, Sides
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import fastpjit
+from fastpjit import _jax
+
+SHAPE = (8, 4)
+TREE_SIZES = (10, 100, 1000)
+COLUMNS = ("devices", "leaves in", "out")
+
+# The issue's goals.
+TRIVIAL_SLOWDOWN = 1.05
+TREE_OVERHEAD = 0.5
+NUMPY_OVERHEAD = 1 / 3
+
+
+def _same_leaf(ours, theirs) -> None:
+    assert isinstance(ours, jax.Array), f"{type(ours).__name__} is not a jax.Array"
+    assert ours.dtype == theirs.dtype, f"dtype {ours.dtype} != {theirs.dtype}"
+    assert ours.aval == theirs.aval, f"aval {ours.aval} != {theirs.aval}"
+    assert ours.weak_type == theirs.weak_type, "weak type differs"
+    assert ours.sharding == theirs.sharding, f"sharding {ours.sharding} != {theirs.sharding}"
+    assert ours.committed == theirs.committed, "commitment differs"
+    assert np.array_equal(np.asarray(ours), np.asarray(theirs)), "values differ"
+
+
+def same_result(ours, theirs) -> bool:
+    """Raises AssertionError unless the two results agree leaf by leaf."""
+    ours_leaves, ours_tree = jax.tree.flatten(ours)
+    theirs_leaves, theirs_tree = jax.tree.flatten(theirs)
+    assert ours_tree == theirs_tree, f"tree {ours_tree} != {theirs_tree}"
+    for a, b in zip(ours_leaves, theirs_leaves, strict=True):
+        _same_leaf(a, b)
+    return True
+
+
+def _floor(compiled, flat_inputs: list):
+    """The raw call of `compiled`'s executable on `flat_inputs`, placed as it expects them."""
+    executable, handlers, out_tree = _jax.compiled_parts(compiled)
+    execute = executable.execute_sharded
+    if out_tree.num_leaves == 1 and out_tree.num_nodes == 1:
+        return lambda: execute(flat_inputs).consume_with_handlers(handlers)[0]
+    unflatten = out_tree.unflatten
+    return lambda: unflatten(execute(flat_inputs).consume_with_handlers(handlers))
+
+
+def _sides(fun, args: tuple, *, placed: tuple | None = None, **options) -> Sides:
+    """Warm fastpjit and JAX jits of `fun` on `args`, and the floor on `placed` (else `args`)."""
+    ours, theirs = fastpjit.jit(fun, **options), jax.jit(fun, **options)
+    floor = _floor(theirs.lower(*args).compile(), jax.tree.leaves(placed or args))
+    expected = theirs(*args)
+    same_result(ours(*args), expected)
+    try:
+        same_result(floor(), expected)
+    except AssertionError as err:
+        raise CheckFailed(f"the floor and JAX disagree: {err}") from err
+    return Sides(ours=lambda: ours(*args), jax=lambda: theirs(*args), floor=floor,
+                 check=same_result)
+
+
+def _array(devices: int):
+    value = np.arange(np.prod(SHAPE), dtype=np.float32).reshape(SHAPE)
+    if devices == 1:
+        return jax.device_put(value, jax.devices()[0])
+    return jax.device_put(value, NamedSharding(jax.make_mesh((devices,), ("x",)), P("x")))
+
+
+def _plus_one(a):
+    return a + 1
+
+
+def _trivial(devices: int) -> Sides:
+    return _sides(_plus_one, (_array(devices),))
+
+
+def _tree_plus_one(tree):
+    return jax.tree.map(lambda a: a + 1, tree)
+
+
+def _tree_sum(tree):
+    return jnp.sum(jnp.stack([jnp.sum(a) for a in jax.tree.leaves(tree)]))
+
+
+def _tree(leaves: int, scalar_out: bool) -> Sides:
+    device = jax.devices()[0]
+    tree = {f"k{i:04d}": jax.device_put(np.full((4,), i, np.float32), device)
+            for i in range(leaves)}
+    return _sides(_tree_sum if scalar_out else _tree_plus_one, (tree,))
+
+
+def _numpy_in() -> Sides:
+    sharding = NamedSharding(jax.make_mesh((8,), ("x",)), P("x"))
+    host = np.arange(np.prod(SHAPE), dtype=np.float32).reshape(SHAPE)
+    return _sides(_plus_one, (host,), placed=(jax.device_put(host, sharding),),
+                  in_shardings=sharding)
+
+
+def _aot() -> Sides:
+    x = _array(1)
+    ours = fastpjit.jit(_plus_one).lower(x).compile()
+    theirs = jax.jit(_plus_one).lower(x).compile()
+    floor = _floor(theirs, [x])
+    same_result(floor(), theirs(x))
+    return Sides(ours=lambda: ours(x), jax=lambda: theirs(x), floor=floor, check=same_result)
+
+
+def _miss() -> Sides:
+    x = _array(1)
+    constant = 1.0
+
+    def ours():
+        return fastpjit.jit(lambda a: a + constant)(x)
+
+    def theirs():
+        return jax.jit(lambda a: a + constant)(x)
+
+    for side, call in (("fastpjit", ours), ("JAX", theirs)):
+        before = _jax.backend_compiles()
+        call()
+        if _jax.backend_compiles() - before != 1:
+            raise CheckFailed(f"cache miss: a {side} call did not compile exactly once")
+    return Sides(ours=ours, jax=theirs, check=same_result)
+
+
+def _case(name: str, build, devices: int, leaves: int, out: str) -> Case:
+    return Case(name=name, build=build, devices=8,
+                meta={"devices": devices, "leaves in": leaves, "out": out})
+
+
+CASES = [
+    _case("x + 1, 1 device", lambda: _trivial(1), 1, 1, "array"),
+    _case("x + 1, 8 devices P('x')", lambda: _trivial(8), 8, 1, "array"),
+    *(_case(f"tree {n} → {out}", lambda n=n, out=out: _tree(n, out == "scalar"), 1, n, out)
+      for n in TREE_SIZES for out in ("tree", "scalar")),
+    _case("numpy → 8 devices P('x')", _numpy_in, 8, 1, "array"),
+    _case("AOT compiled, 1 device", _aot, 1, 1, "array"),
+    _case("cache miss (trace + compile)", _miss, 1, 1, "array"),
+]
+
+
+def _find(rows, name: str):
+    return next((row for row in rows if row["name"] == name), None)
+
+
+def _verdict(met: bool) -> str:
+    return "met" if met else "**not met**"
+
+
+def notes(rows, processes) -> str:
+    """The issue's goals, measured."""
+    lines = ["**Goals** (on a cache hit):"]
+    row = _find(rows, "x + 1, 1 device")
+    if row is not None:
+        slowdown = row["ours_us"] / row["jax_us"]
+        lines.append(f"- Within {TRIVIAL_SLOWDOWN - 1:.0%} of jax.jit on x + 1 on one device: "
+                     f"fastpjit takes {slowdown:.2f}× JAX's time, "
+                     f"{_verdict(slowdown <= TRIVIAL_SLOWDOWN)}.")
+    for n in TREE_SIZES[1:]:
+        for out in ("tree", "scalar"):
+            row = _find(rows, f"tree {n} → {out}")
+            if row is not None and row["overhead_ratio"] is not None:
+                ratio = row["overhead_ratio"]
+                lines.append(f"- Overhead above the floor at most {TREE_OVERHEAD:.0%} of JAX's, "
+                             f"{n} leaves → {out}: {ratio:.2f}, "
+                             f"{_verdict(ratio <= TREE_OVERHEAD)}.")
+    row = _find(rows, "numpy → 8 devices P('x')")
+    if row is not None and row["overhead_ratio"] is not None:
+        ratio = row["overhead_ratio"]
+        lines.append(f"- Overhead above the floor at most a third of JAX's, numpy into 8 "
+                     f"devices: {ratio:.2f}, {_verdict(ratio <= NUMPY_OVERHEAD)}.")
+    return "\n".join(lines)
