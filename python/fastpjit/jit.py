@@ -152,15 +152,11 @@ def jit(
 
     Usable as `jit(f, ...)`, as a decorator, and with `functools.partial`.
     """
-    options: dict[str, Any] = dict(
-        static_argnums=static_argnums, static_argnames=static_argnames,
-        donate_argnums=donate_argnums, donate_argnames=donate_argnames,
-        keep_unused=keep_unused, device=device, backend=backend, inline=inline,
-        compiler_options=compiler_options)
-    if in_shardings is not _UNSPECIFIED:
-        options["in_shardings"] = in_shardings
-    if out_shardings is not _UNSPECIFIED:
-        options["out_shardings"] = out_shardings
+    options = _options(
+        in_shardings, out_shardings, static_argnums=static_argnums,
+        static_argnames=static_argnames, donate_argnums=donate_argnums,
+        donate_argnames=donate_argnames, keep_unused=keep_unused, device=device,
+        backend=backend, inline=inline, compiler_options=compiler_options)
     if fun is None:
         return functools.partial(jit, **options)
     return _wrap(fun, jax.jit(fun, **options))
@@ -193,16 +189,20 @@ def pjit(
     in_shardings = _renamed("in_shardings", in_shardings, "in_axis_resources", in_axis_resources)
     out_shardings = _renamed("out_shardings", out_shardings, "out_axis_resources",
                              out_axis_resources)
-    options: dict[str, Any] = dict(
-        static_argnums=static_argnums, static_argnames=static_argnames,
-        donate_argnums=donate_argnums, donate_argnames=donate_argnames,
-        keep_unused=keep_unused, device=device, backend=backend, inline=inline,
-        compiler_options=compiler_options)
-    if in_shardings is not _UNSPECIFIED:
-        options["in_shardings"] = in_shardings
-    if out_shardings is not _UNSPECIFIED:
-        options["out_shardings"] = out_shardings
+    options = _options(
+        in_shardings, out_shardings, static_argnums=static_argnums,
+        static_argnames=static_argnames, donate_argnums=donate_argnums,
+        donate_argnames=donate_argnames, keep_unused=keep_unused, device=device,
+        backend=backend, inline=inline, compiler_options=compiler_options)
     return _wrap_pjit(fun, options)
+
+
+def _options(in_shardings: Any, out_shardings: Any, **options: Any) -> dict[str, Any]:
+    """jax.jit's keyword arguments, leaving out the shardings not given."""
+    for name, value in (("in_shardings", in_shardings), ("out_shardings", out_shardings)):
+        if value is not _UNSPECIFIED:
+            options[name] = value
+    return options
 
 
 def _renamed(name: str, value: Any, old_name: str, old_value: Any) -> Any:
