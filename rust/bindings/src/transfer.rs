@@ -3,13 +3,13 @@
 
 use std::sync::Arc;
 
-use fastpjit_core::strided::{assemble, Placement, StridedView};
+use fastpjit_core::strided::{assemble, copy, Placement, StridedView};
 use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::{PyOverflowError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBool, PyComplex, PyFloat, PyInt, PyList, PyTuple, PyType};
+use pyo3::types::{PyBool, PyComplex, PyFloat, PyInt, PyList, PySlice, PyTuple, PyType};
 
 use crate::cache::BoundedCache;
 use crate::index_maps::indexed_devices;
@@ -105,7 +105,55 @@ struct PutPlan {
     devices: Py<PyList>,
     /// The index of each device's shard, or `None` when every device holds the whole array.
     indices: Option<Vec<Py<PyTuple>>>,
+    /// On the CPU, how large values are first copied into buffers of our own.
+    staging: Option<Staging>,
 }
+
+/// Large host values bound for CPU devices that share tiles are copied, once per distinct tile,
+/// into fresh 64-byte-aligned buffers that jaxlib then adopts without copying again; handed
+/// the user's array instead, jaxlib copies each tile once for every device that holds it.
+struct Staging {
+    shard_shape: Vec<usize>,
+    /// The bounds of each distinct tile, and which of them each device holds.
+    tile_bounds: Vec<Vec<(usize, usize)>>,
+    tile_of_device: Vec<usize>,
+}
+
+impl Staging {
+    /// Whether jaxlib can adopt every tile of `array` as it is: C-ordered, each tile one
+    /// contiguous run starting on a 64-byte boundary. It then shares the user's memory, as
+    /// `jax.device_put` does, and staging would only add a copy.
+    fn adoptable(&self, array: &Bound<'_, PyUntypedArray>, itemsize: usize) -> bool {
+        if !array.is_c_contiguous() {
+            return false;
+        }
+        let shape = array.shape();
+        // SAFETY: reads the data pointer of a live array.
+        let base = unsafe { (*array.as_array_ptr()).fields.data } as usize;
+        let strides = StridedView::contiguous(shape, itemsize).strides;
+        self.tile_bounds.iter().all(|bounds| {
+            let mut split_seen = false;
+            let contiguous = bounds
+                .iter()
+                .zip(shape)
+                .rev()
+                .all(|(&(start, stop), &size)| {
+                    let ok = !split_seen || stop - start == 1;
+                    split_seen |= stop - start != size;
+                    ok
+                });
+            let offset: isize = bounds
+                .iter()
+                .zip(&strides)
+                .map(|(&(start, _), &stride)| start as isize * stride)
+                .sum();
+            contiguous && (base as isize + offset) % 64 == 0
+        })
+    }
+}
+
+/// Bytes from which a put to CPU devices is staged.
+const STAGE_BYTES: usize = 1 << 20;
 
 type PutKey = (usize, usize, bool, Vec<usize>);
 static PUT_PLANS: BoundedCache<PutKey, Arc<PutPlan>> = BoundedCache::new(512);
@@ -130,11 +178,48 @@ fn put_plan(
     ))?;
     let indices =
         (map.num_tiles() > 1).then(|| devices.iter().map(|d| d.index.clone().unbind()).collect());
+    let on_cpu = match devices.first() {
+        Some(first) => {
+            first
+                .device
+                .getattr(intern!(py, "platform"))?
+                .extract::<String>()?
+                == "cpu"
+        }
+        None => false,
+    };
+    // Staging pays off where devices share tiles: jaxlib would copy a shared tile once per
+    // device, where staging copies it once. Fully sharded values go straight to jaxlib.
+    let shared_tiles = map.num_tiles() < devices.len();
+    let staging = (on_cpu && shared_tiles).then(|| {
+        let mut tile_ids: Vec<usize> = Vec::new();
+        let tile_of_device = devices
+            .iter()
+            .map(|d| {
+                tile_ids
+                    .iter()
+                    .position(|&t| t == d.tile)
+                    .unwrap_or_else(|| {
+                        tile_ids.push(d.tile);
+                        tile_ids.len() - 1
+                    })
+            })
+            .collect();
+        Staging {
+            shard_shape: map.shard_shape().to_vec(),
+            tile_bounds: tile_ids
+                .iter()
+                .map(|&t| map.tile_bounds(t).collect())
+                .collect(),
+            tile_of_device,
+        }
+    });
     let plan = Arc::new(PutPlan {
         _pinned: (sharding.clone().unbind(), dtype.clone().unbind()),
         aval: aval.unbind(),
         devices: PyList::new(py, devices.iter().map(|d| &d.device))?.unbind(),
         indices,
+        staging,
     });
     PUT_PLANS.insert(key, plan.clone());
     Ok(plan)
@@ -248,9 +333,17 @@ fn place<'py>(
     let shape: Vec<usize> = array.cast::<PyUntypedArray>()?.shape().to_vec();
     let plan = put_plan(sharding, &shape, &value.dtype, value.weak_type)?;
     let devices = plan.devices.bind(py);
-    let shards = match &plan.indices {
-        None => PyList::new(py, std::iter::repeat_n(array, devices.len()))?,
-        Some(indices) => PyList::new(
+    let untyped = array.cast::<PyUntypedArray>()?;
+    let itemsize = untyped.dtype().itemsize();
+    let nbytes = untyped.len() * itemsize;
+    let staging = plan
+        .staging
+        .as_ref()
+        .filter(|staging| nbytes >= STAGE_BYTES && !staging.adoptable(untyped, itemsize));
+    let shards = match (staging, &plan.indices) {
+        (Some(staging), _) => PyList::new(py, stage(untyped, staging)?)?,
+        (None, None) => PyList::new(py, std::iter::repeat_n(array, devices.len()))?,
+        (None, Some(indices)) => PyList::new(
             py,
             indices
                 .iter()
@@ -265,6 +358,77 @@ fn place<'py>(
         devices,
         committed,
     ))
+}
+
+/// Copies each distinct tile of `array` into a new aligned buffer (GIL released); returns the
+/// buffer of each device, shared by the devices that hold one tile.
+fn stage<'py>(
+    array: &Bound<'py, PyUntypedArray>,
+    staging: &Staging,
+) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    let py = array.py();
+    let dtype = array.dtype();
+    let itemsize = dtype.itemsize();
+    let buffers = staging
+        .tile_bounds
+        .iter()
+        .map(|_| aligned_empty(&staging.shard_shape, dtype.as_any()))
+        .collect::<PyResult<Vec<_>>>()?;
+    // SAFETY: `array` and the fresh `buffers` stay alive, and the buffers unshared, until the
+    // copies finish; each buffer is a C-ordered array of the shard's shape.
+    let (src, whole) = unsafe { array_bytes(array) };
+    let mut jobs = Vec::with_capacity(buffers.len());
+    for (buffer, bounds) in buffers.iter().zip(&staging.tile_bounds) {
+        let buffer = buffer.cast::<PyUntypedArray>()?;
+        let len = buffer.len() * itemsize;
+        let dst = unsafe {
+            std::slice::from_raw_parts_mut((*buffer.as_array_ptr()).fields.data.cast::<u8>(), len)
+        };
+        let block = whole
+            .block(bounds)
+            .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+        jobs.push((
+            block,
+            dst,
+            StridedView::contiguous(&staging.shard_shape, itemsize),
+        ));
+    }
+    let threads = copy_threads();
+    py.detach(|| {
+        jobs.into_iter()
+            .try_for_each(|(block, dst, view)| copy(src, &block, dst, &view, itemsize, threads))
+    })
+    .map_err(|e| PyRuntimeError::new_err(format!("staging the host value failed: {e}")))?;
+    Ok(staging
+        .tile_of_device
+        .iter()
+        .map(|&t| buffers[t].clone())
+        .collect())
+}
+
+/// A new C-ordered array of `shape` and `dtype` whose data starts on a 64-byte boundary, the
+/// alignment at which jaxlib adopts a host buffer instead of copying it.
+fn aligned_empty<'py>(shape: &[usize], dtype: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    const ALIGN: usize = 64;
+    let py = dtype.py();
+    let h = handles(py)?;
+    let itemsize: usize = dtype.getattr(intern!(py, "itemsize"))?.extract()?;
+    let nbytes = shape.iter().product::<usize>() * itemsize;
+    let raw = h
+        .empty
+        .bind(py)
+        .call1((nbytes + ALIGN, intern!(py, "uint8")))?;
+    let address = unsafe { (*raw.cast::<PyUntypedArray>()?.as_array_ptr()).fields.data } as usize;
+    let offset = (ALIGN - address % ALIGN) % ALIGN;
+    let bytes = raw.get_item(PySlice::new(
+        py,
+        offset as isize,
+        (offset + nbytes) as isize,
+        1,
+    ))?;
+    bytes
+        .call_method1(intern!(py, "view"), (dtype,))?
+        .call_method1(intern!(py, "reshape"), (PyTuple::new(py, shape)?,))
 }
 
 /// For each distinct tile that this process holds: the position of its first holder among the
