@@ -100,6 +100,8 @@ def device_get(x: Any) -> Any:
     if _jax.tracing():
         # Tracers come back as they are, as in JAX.
         return _fallback_get("device_get: under a JAX trace", x)
+    if isinstance(x, jax.Array):
+        return _core.device_get_leaf(x)  # a bare array needs no tree
     leaves, treedef = jax.tree_util.tree_flatten(x)
     return jax.tree_util.tree_unflatten(treedef, [_core.device_get_leaf(leaf) for leaf in leaves])
 
