@@ -822,6 +822,39 @@ def test_recompiles_on_a_new_signature_only():
     assert counts["compiles"] == 0 and ours.cache_size() == size + 1
 
 
+def test_repeated_calls_flattened_in_rust_follow_every_change_of_structure():
+    # A repeat of the latest call is flattened in Rust (tuples, lists, dicts, None) and
+    # checked leaf by leaf; any change of structure, key, leaf or value must show.
+    def fun(*args):
+        return jax.tree.map(lambda v: v * 2 + 1, args)
+
+    ours, theirs = both(fun)
+    a, b, c = jnp.arange(3.0), jnp.ones((2, 2), jnp.int32), jnp.zeros(5)
+    host = np.arange(4, dtype=np.float32)
+    ab, ba = {"a": a, "b": b}, {"b": b, "a": a}
+    calls = [
+        (a,), (a, b), ([a, b],), ((a, b),), ({"a": a, "b": b},), ({"a": a, "b": b, "c": c},),
+        (ba,), ({"a": a, "c": b},), (a, b, c),
+        ({"a": a, "b": None},), ({"a": a, "b": (b, None)},), ([a, None, {"z": [b, c]}],),
+        ([a, None, {"z": (b, c)}],), ([a, None, {"z": [c, b]}],), (ab, ab), (ab, ba),
+        (host,), (host, a), (host[::2],), (host.astype(np.int32),), (host.reshape(2, 2),),
+        (collections.OrderedDict(a=a, b=b),), (Point(a, b),), ((a, b), [a]), ([a],), (c,),
+        ({1: a, 2: b},), ({2: b, 1: a},), ({"k": a},), ({"k": c},),
+    ]
+    rounds = [calls, calls[::-1], [call for call in calls for _ in range(2)]]
+    for order in rounds:
+        for args in order:
+            assert_same_outputs(ours(*args), theirs(*args))
+    # A numpy leaf is read again on every call, though the call repeats by identity.
+    ours(host)
+    host += 1
+    assert_same_outputs(ours(host), theirs(host))
+    counts = Counts()
+    for _ in range(3):
+        ours(ab, ba)
+    assert counts["cache_hits"] == 3 and counts["cache_misses"] == 0
+
+
 def test_hits_count_and_compile_nothing():
     ours = fastpjit.jit(lambda x, y: x * y)
     x, y = jnp.ones(8), jnp.arange(8.0)

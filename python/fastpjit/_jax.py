@@ -26,6 +26,7 @@ from jax._src import tree_util as _tree_util
 from jax._src import util as _util
 from jax._src.array import ArrayImpl
 from jax._src.interpreters import pxla as _pxla
+from jax._src.lib import _jax as _jaxlib
 from jax._src.lib import xla_client as xc
 from jax._src.sharding_impls import GSPMDSharding
 
@@ -33,7 +34,10 @@ IndivisibleError = _sharding.IndivisibleError
 DuplicateSpecError = _named_sharding.DuplicateSpecError
 
 __all__ = [
+    "ARRAY_COMMITTED",
+    "ARRAY_SHARDING",
     "ArrayImpl",
+    "consume_with_handlers",
     "DuplicateSpecError",
     "flatten_for_dispatch",
     "aot_cache_miss",
@@ -128,6 +132,11 @@ def cache_host_value(array: Any, value: np.ndarray) -> None:
 # mesh, say: two meshes of one abstract mesh trace alike). All are C++ objects.
 flatten_for_dispatch = _tree_util.dispatch_registry.flatten
 trace_context = _config.trace_context
+# jaxlib's ArrayImpl keeps its sharding and commitment under these attributes; the public
+# `sharding` and `committed` are Python properties over them, which would run bytecode per leaf.
+ARRAY_SHARDING = "_sharding"
+ARRAY_COMMITTED = "_committed"
+consume_with_handlers = _jaxlib.ExecuteResults.consume_with_handlers
 jit_key_states = (_config.device_context, _config.optimization_level,
                   _config.memory_fitting_level)
 

@@ -4,6 +4,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 
+use super::fast::FastLeaf;
 use super::handles::Handles;
 use super::signature::{LeafKind, LeafSignature};
 use crate::stats::count_fallback;
@@ -70,7 +71,7 @@ impl Entry {
             let sharding = self.in_shardings[inputs.len()].bind(py);
             inputs.push(prepare_input(py, h, leaf, key, sharding, kind)?);
         }
-        self.run(py, &PyTuple::new(py, inputs)?.into_any())
+        self.run(py, h, PyTuple::new(py, inputs)?.as_any())
     }
 }
 
@@ -85,56 +86,69 @@ impl Entry {
         self.in_shardings.get(position).map(|s| s.clone_ref(py))
     }
 
-    /// Runs a call whose positional arrays passed a fast key; `direct[j]` says argument `j`
-    /// already has the executable's input sharding.
+    /// Whether the executable takes the call's flat arguments as they are: no constants, none
+    /// dropped.
+    pub fn takes_args_as_given(&self) -> bool {
+        self.const_args.is_empty() && self.kept.iter().all(|&k| k)
+    }
+
+    /// Runs a call whose `leaves` passed a fast key with leaves `keys`; `passthrough` says
+    /// that every leaf is an array the executable takes as it is.
     pub fn call_fast<'py>(
         &self,
         py: Python<'py>,
         h: &Handles,
-        args: &Bound<'py, PyTuple>,
-        direct: &[bool],
+        leaves: &Bound<'py, PyTuple>,
+        keys: &[FastLeaf],
+        passthrough: bool,
         kind: &str,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let num_consts = self.const_args.len();
-        let all_direct =
-            num_consts == 0 && self.kept.iter().all(|&k| k) && direct.iter().all(|&d| d);
         // jaxlib can crash on a deleted or donated input, so every input is checked first.
-        let inputs = if all_direct {
-            for arg in args.iter() {
-                check_not_deleted(&arg)?;
+        if passthrough {
+            for leaf in leaves.iter_borrowed() {
+                check_not_deleted(&leaf)?;
             }
-            args.clone().into_any()
-        } else {
-            let mut inputs: Vec<Bound<'py, PyAny>> = Vec::with_capacity(self.in_shardings.len());
-            for (i, c) in self.const_args.iter().enumerate() {
-                if self.kept[i] {
-                    inputs.push(c.bind(py).clone());
-                }
+            return self.run(py, h, leaves.as_any());
+        }
+        let num_consts = self.const_args.len();
+        let mut inputs: Vec<Bound<'py, PyAny>> = Vec::with_capacity(self.in_shardings.len());
+        for (i, c) in self.const_args.iter().enumerate() {
+            if self.kept[i] {
+                inputs.push(c.bind(py).clone());
             }
-            for (j, arg) in args.iter().enumerate() {
-                if !self.kept[num_consts + j] {
-                    continue;
+        }
+        for (j, (leaf, key)) in leaves.iter().zip(keys).enumerate() {
+            if !self.kept[num_consts + j] {
+                continue;
+            }
+            let sharding = self.in_shardings[inputs.len()].bind(py);
+            inputs.push(match key {
+                FastLeaf::Array { direct: true, .. } => {
+                    check_not_deleted(&leaf)?;
+                    leaf
                 }
-                check_not_deleted(&arg)?;
-                if direct[j] {
-                    inputs.push(arg);
-                } else {
+                FastLeaf::Array { direct: false, .. } => {
+                    check_not_deleted(&leaf)?;
                     count_moved(kind);
-                    let sharding = self.in_shardings[inputs.len()].bind(py);
-                    inputs.push(h.shard_arg.bind(py).call1((arg, sharding))?);
+                    h.shard_arg.bind(py).call1((leaf, sharding))?
                 }
-            }
-            PyTuple::new(py, inputs)?.into_any()
-        };
-        self.run(py, &inputs)
+                FastLeaf::Numpy { .. } => put_host_value(&leaf, sharding, false)?,
+            });
+        }
+        self.run(py, h, PyTuple::new(py, inputs)?.as_any())
     }
 
-    fn run<'py>(&self, py: Python<'py>, inputs: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    fn run<'py>(
+        &self,
+        py: Python<'py>,
+        h: &Handles,
+        inputs: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let results = self.execute_sharded.bind(py).call1((inputs,))?;
-        let outs = results.call_method1(
-            intern!(py, "consume_with_handlers"),
-            (self.out_handlers.bind(py),),
-        )?;
+        let outs = h
+            .consume_with_handlers
+            .bind(py)
+            .call1((results, self.out_handlers.bind(py)))?;
         if self.single_output {
             return outs.get_item(0);
         }

@@ -1,36 +1,167 @@
-//! The identity check that lets a repeated call skip keying: positional arguments only (bare
-//! `jax.Array`s, or pytrees of them in the same tree), whose leaves carry the very aval and
-//! sharding objects of a call already keyed, with the same commitment, under a jit key
+//! The identity check that lets a repeated call skip keying. A call of positional arguments
+//! only, built of tuples, lists, dicts and None around `jax.Array` and numpy leaves, is
+//! flattened here in Rust against the structure of the latest keyed call; it is that call
+//! again when each array leaf carries the very aval and sharding objects it carried, with the
+//! same commitment, each numpy leaf has the same dtype and shape, and JAX's jit key is
 //! unchanged item by item.
 
+use numpy::{PyArrayDescr, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::PyTuple;
+use pyo3::types::{PyDict, PyList, PyTuple};
 
+use super::entry::Entry;
 use super::handles::Handles;
 use super::signature::{LeafKind, Signature};
 
+/// The containers that Rust flattens as JAX's pytree registry does: exact tuples, lists and
+/// dicts (whose leaves come in the order of their sorted keys), and None, which has no leaves.
+pub enum Structure {
+    Leaf,
+    Nothing,
+    Tuple(Vec<Structure>),
+    List(Vec<Structure>),
+    /// Keys in JAX's order, each with the structure under it.
+    Dict(Vec<(Py<PyAny>, Structure)>),
+}
+
+impl Structure {
+    /// The structure of `value` read as containers around leaves; every other object is a
+    /// leaf here, which the caller checks against JAX's own flattening.
+    fn of(value: &Bound<'_, PyAny>) -> PyResult<Option<Self>> {
+        let py = value.py();
+        let children = |items: Vec<Bound<'_, PyAny>>| -> PyResult<Option<Vec<Structure>>> {
+            items.iter().map(Self::of).collect()
+        };
+        if value.is_none() {
+            return Ok(Some(Self::Nothing));
+        }
+        if let Ok(tuple) = value.cast_exact::<PyTuple>() {
+            return Ok(children(tuple.iter().collect())?.map(Self::Tuple));
+        }
+        if let Ok(list) = value.cast_exact::<PyList>() {
+            return Ok(children(list.iter().collect())?.map(Self::List));
+        }
+        if let Ok(dict) = value.cast_exact::<PyDict>() {
+            let sorted = py
+                .import(intern!(py, "builtins"))?
+                .getattr(intern!(py, "sorted"))?;
+            // Keys that do not sort (mixed types) leave the call to JAX's flattening.
+            let Ok(keys) = sorted.call1((dict.keys(),)) else {
+                return Ok(None);
+            };
+            let mut entries = Vec::with_capacity(dict.len());
+            for key in keys.try_iter()? {
+                let key = key?;
+                let Some(value) = dict.get_item(&key)? else {
+                    return Ok(None);
+                };
+                let Some(structure) = Self::of(&value)? else {
+                    return Ok(None);
+                };
+                entries.push((key.unbind(), structure));
+            }
+            return Ok(Some(Self::Dict(entries)));
+        }
+        Ok(Some(Self::Leaf))
+    }
+
+    /// Pushes the leaves of `value` onto `leaves` in JAX's order; false if `value` does not
+    /// have this structure.
+    fn flatten<'py>(
+        &self,
+        value: &Bound<'py, PyAny>,
+        leaves: &mut Vec<Bound<'py, PyAny>>,
+    ) -> PyResult<bool> {
+        match self {
+            Self::Leaf => {
+                leaves.push(value.clone());
+                Ok(true)
+            }
+            Self::Nothing => Ok(value.is_none()),
+            Self::Tuple(children) => match value.cast_exact::<PyTuple>() {
+                Ok(tuple) if tuple.len() == children.len() => {
+                    flatten_all(children, tuple.iter(), leaves)
+                }
+                _ => Ok(false),
+            },
+            Self::List(children) => match value.cast_exact::<PyList>() {
+                Ok(list) if list.len() == children.len() => {
+                    flatten_all(children, list.iter(), leaves)
+                }
+                _ => Ok(false),
+            },
+            Self::Dict(entries) => {
+                let Ok(dict) = value.cast_exact::<PyDict>() else {
+                    return Ok(false);
+                };
+                if dict.len() != entries.len() {
+                    return Ok(false);
+                }
+                // Equal sizes and every key present: the same key set, in JAX's sorted order.
+                for (key, structure) in entries {
+                    match dict.get_item(key.bind(value.py()))? {
+                        Some(child) if structure.flatten(&child, leaves)? => {}
+                        _ => return Ok(false),
+                    }
+                }
+                Ok(true)
+            }
+        }
+    }
+}
+
+fn flatten_all<'py>(
+    children: &[Structure],
+    values: impl Iterator<Item = Bound<'py, PyAny>>,
+    leaves: &mut Vec<Bound<'py, PyAny>>,
+) -> PyResult<bool> {
+    for (structure, value) in children.iter().zip(values) {
+        if !structure.flatten(&value, leaves)? {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// What a repeat of the latest call must show at one leaf, and how the leaf enters the
+/// executable.
+pub enum FastLeaf {
+    Array {
+        aval: Py<PyAny>,
+        sharding: Py<PyAny>,
+        committed: bool,
+        /// Whether the sharding is the executable's input sharding (else JAX moves it).
+        direct: bool,
+    },
+    /// A numpy array, placed by the Rust shard path.
+    Numpy {
+        dtype: Py<PyArrayDescr>,
+        shape: Vec<usize>,
+    },
+}
+
 pub struct FastKey {
-    avals: Vec<Py<PyAny>>,
-    shardings: Vec<Py<PyAny>>,
-    committed: Vec<bool>,
+    /// The positional arguments, as one tuple.
+    structure: Structure,
+    /// Whether the positional arguments are the leaves themselves.
+    flat: bool,
+    pub leaves: Vec<FastLeaf>,
+    /// Whether every leaf is an array that the executable takes as it is.
+    pub passthrough: bool,
     context: Py<PyTuple>,
-    /// Whether each leaf's sharding is the executable's input sharding (else JAX moves it).
-    pub direct: Vec<bool>,
-    /// The tree of `(args, {})` as JAX's dispatch flattens it; `None` when the leaves are the
-    /// positional arguments themselves.
-    pub treedef: Option<Py<PyAny>>,
 }
 
 impl FastKey {
-    /// The fast key of a call keyed by `signature`, if the call was positional only with
-    /// array leaves; `treedef` as for the field. `in_sharding(i)` is the executable's
-    /// sharding for leaf `i`, if it takes it.
+    /// The fast key of a call of positional `args` keyed by `signature`, whose leaves JAX
+    /// flattened to `jax_leaves`; None if a repeat cannot be recognised by identity.
+    /// `entry` runs the call.
     pub fn new(
         py: Python<'_>,
+        args: &Bound<'_, PyTuple>,
+        jax_leaves: &[Bound<'_, PyAny>],
         signature: &Signature,
-        treedef: Option<Py<PyAny>>,
-        in_sharding: impl Fn(usize) -> Option<Py<PyAny>>,
+        entry: &Entry,
     ) -> PyResult<Option<Self>> {
         if !signature.positional_only {
             return Ok(None);
@@ -38,54 +169,100 @@ impl FastKey {
         let Ok(context) = signature.context.obj.bind(py).cast::<PyTuple>() else {
             return Ok(None);
         };
-        let mut key = Self {
-            avals: Vec::new(),
-            shardings: Vec::new(),
-            committed: Vec::new(),
-            context: context.clone().unbind(),
-            direct: Vec::new(),
-            treedef,
+        let Some(structure) = Structure::of(args.as_any())? else {
+            return Ok(None);
         };
-        for (i, leaf) in signature.leaves.iter().enumerate() {
-            let LeafKind::Array {
-                sharding,
-                committed,
-                aval,
-            } = &leaf.kind
-            else {
-                return Ok(None);
-            };
-            key.avals.push(aval.clone_ref(py));
-            key.shardings.push(sharding.obj.clone_ref(py));
-            key.committed.push(*committed);
-            key.direct.push(match in_sharding(i) {
-                Some(s) => s.is(&sharding.obj) || s.bind(py).eq(sharding.obj.bind(py))?,
-                None => true,
+        let mut leaves = Vec::with_capacity(jax_leaves.len());
+        if !structure.flatten(args.as_any(), &mut leaves)?
+            || leaves.len() != jax_leaves.len()
+            || leaves.iter().zip(jax_leaves).any(|(a, b)| !a.is(b))
+        {
+            return Ok(None);
+        }
+        let mut fast_leaves = Vec::with_capacity(leaves.len());
+        for (j, (leaf, key)) in leaves.iter().zip(&signature.leaves).enumerate() {
+            fast_leaves.push(match &key.kind {
+                LeafKind::Array {
+                    sharding,
+                    committed,
+                    aval,
+                } => FastLeaf::Array {
+                    aval: aval.clone_ref(py),
+                    sharding: sharding.obj.clone_ref(py),
+                    committed: *committed,
+                    direct: match entry.in_sharding_of_arg(py, j) {
+                        Some(s) => s.is(&sharding.obj) || s.bind(py).eq(sharding.obj.bind(py))?,
+                        None => true,
+                    },
+                },
+                LeafKind::Numpy => match leaf.cast_exact::<PyUntypedArray>() {
+                    Ok(array) => FastLeaf::Numpy {
+                        dtype: array.dtype().unbind(),
+                        shape: array.shape().to_vec(),
+                    },
+                    // Numpy scalars and subclasses of ndarray are keyed each time.
+                    Err(_) => return Ok(None),
+                },
+                LeafKind::Scalar => return Ok(None),
             });
         }
-        Ok(Some(key))
+        let flat = matches!(&structure, Structure::Tuple(children)
+            if children.iter().all(|c| matches!(c, Structure::Leaf)));
+        let passthrough = entry.takes_args_as_given()
+            && fast_leaves
+                .iter()
+                .all(|leaf| matches!(leaf, FastLeaf::Array { direct: true, .. }));
+        Ok(Some(Self {
+            structure,
+            flat,
+            passthrough,
+            leaves: fast_leaves,
+            context: context.clone().unbind(),
+        }))
     }
 
-    /// Whether the positional `args` of a call without keywords match this key by identity.
-    pub fn matches(
+    /// The leaves of positional `args` if the call repeats this key's call, else None.
+    pub fn matches<'py>(
         &self,
-        py: Python<'_>,
+        py: Python<'py>,
         h: &Handles,
-        args: &Bound<'_, PyTuple>,
-    ) -> PyResult<bool> {
-        if args.len() != self.avals.len() {
-            return Ok(false);
-        }
+        args: &Bound<'py, PyTuple>,
+    ) -> PyResult<Option<Bound<'py, PyTuple>>> {
+        let leaves = if self.flat {
+            if args.len() != self.leaves.len() {
+                return Ok(None);
+            }
+            args.clone()
+        } else {
+            let mut leaves = Vec::with_capacity(self.leaves.len());
+            if !self.structure.flatten(args.as_any(), &mut leaves)? {
+                return Ok(None);
+            }
+            PyTuple::new(py, leaves)?
+        };
         let array_type = h.array_impl.bind(py);
-        for (i, arg) in args.iter().enumerate() {
-            if !arg.get_type().is(array_type)
-                || !arg.getattr(intern!(py, "aval"))?.is(&self.avals[i])
-                || !arg.getattr(intern!(py, "sharding"))?.is(&self.shardings[i])
-                || arg.getattr(intern!(py, "committed"))?.is_truthy()? != self.committed[i]
-            {
-                return Ok(false);
+        for (leaf, key) in leaves.iter_borrowed().zip(&self.leaves) {
+            let same = match key {
+                FastLeaf::Array {
+                    aval,
+                    sharding,
+                    committed,
+                    ..
+                } => {
+                    leaf.get_type().is(array_type)
+                        && leaf.getattr(intern!(py, "aval"))?.is(aval)
+                        && leaf.getattr(h.array_sharding.bind(py))?.is(sharding)
+                        && leaf.getattr(h.array_committed.bind(py))?.is_truthy()? == *committed
+                }
+                FastLeaf::Numpy { dtype, shape } => match leaf.cast_exact::<PyUntypedArray>() {
+                    Ok(array) => array.dtype().is(dtype) && array.shape() == shape.as_slice(),
+                    Err(_) => false,
+                },
+            };
+            if !same {
+                return Ok(None);
             }
         }
-        h.jit_key_is(py, self.context.bind(py))
+        Ok(h.jit_key_is(py, self.context.bind(py))?.then_some(leaves))
     }
 }

@@ -3,7 +3,7 @@
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyTuple, PyType};
+use pyo3::types::{PyString, PyTuple, PyType};
 
 use crate::jax::{attribute as get, private, type_attribute as get_type};
 
@@ -12,6 +12,12 @@ pub struct Handles {
     jit_key_states: Vec<Py<PyAny>>,
     pub flatten: Py<PyAny>,
     pub shard_arg: Py<PyAny>,
+    /// `ExecuteResults.consume_with_handlers`, unbound.
+    pub consume_with_handlers: Py<PyAny>,
+    /// The attribute names under which an array keeps its sharding and commitment (the
+    /// public `sharding` and `committed` are Python properties over them).
+    pub array_sharding: Py<PyString>,
+    pub array_committed: Py<PyString>,
     pub array_impl: Py<PyType>,
     pub ndarray: Py<PyType>,
     pub numpy_scalar: Py<PyType>,
@@ -32,11 +38,21 @@ pub fn handles(py: Python<'_>) -> PyResult<&Handles> {
                 .collect::<PyResult<_>>()?,
             flatten: get(jax, "flatten_for_dispatch")?,
             shard_arg: get(jax, "shard_arg")?,
+            consume_with_handlers: get(jax, "consume_with_handlers")?,
+            array_sharding: interned(jax, "ARRAY_SHARDING")?,
+            array_committed: interned(jax, "ARRAY_COMMITTED")?,
             array_impl: get_type(jax, "ArrayImpl")?,
             ndarray: get_type(&numpy, "ndarray")?,
             numpy_scalar: get_type(&numpy, "generic")?,
         })
     })
+}
+
+/// `module.name`, a string, interned.
+fn interned(module: &Bound<'_, PyModule>, name: &str) -> PyResult<Py<PyString>> {
+    let py = module.py();
+    let value: String = module.getattr(name)?.extract()?;
+    Ok(PyString::intern(py, &value).unbind())
 }
 
 impl Handles {
@@ -62,14 +78,15 @@ impl Handles {
         if context.len() + self.jit_key_states.len() != stored.len() {
             return Ok(false);
         }
-        for (i, item) in context.iter().enumerate() {
-            if !item.is(stored.get_item(i)?) {
+        let mut stored = stored.iter_borrowed();
+        for item in context.iter_borrowed() {
+            if stored.next().is_none_or(|s| !s.is(item)) {
                 return Ok(false);
             }
         }
-        for (i, state) in self.jit_key_states.iter().enumerate() {
+        for state in &self.jit_key_states {
             let value = state.bind(py).getattr(intern!(py, "value"))?;
-            if !value.is(stored.get_item(context.len() + i)?) {
+            if stored.next().is_none_or(|s| !s.is(&value)) {
                 return Ok(false);
             }
         }

@@ -137,19 +137,17 @@ impl JitFunction {
             .clone()
     }
 
-    /// Remembers `cached` as the executable of a call that `signature` keyed, when that call
-    /// can be recognised again by identity alone.
+    /// Remembers `cached` as the executable of a call of positional `args`, keyed by
+    /// `signature` with leaves `leaves`, when a repeat of it can be recognised by identity.
     fn set_latest(
         &self,
         py: Python<'_>,
         cached: &Arc<Cached>,
         signature: &Signature,
-        treedef: Option<&Bound<'_, PyAny>>,
+        args: &Bound<'_, PyTuple>,
+        leaves: &[Bound<'_, PyAny>],
     ) -> PyResult<()> {
-        let treedef = treedef.map(|t| t.clone().unbind());
-        let key = FastKey::new(py, signature, treedef, |j| {
-            cached.entry.in_sharding_of_arg(py, j)
-        })?;
+        let key = FastKey::new(py, args, leaves, signature, &cached.entry)?;
         *self.latest.lock().unwrap_or_else(PoisonError::into_inner) = key.map(|key| {
             Arc::new(Latest {
                 cached: cached.clone(),
@@ -268,32 +266,16 @@ impl JitFunction {
             kwargs.is_none_or(PyDictMethods::is_empty) && self.static_argnums.is_empty();
         if positional_only {
             if let Some(latest) = self.latest() {
-                let leaves = match &latest.key.treedef {
-                    None => Some(args.clone()),
-                    Some(expected) => {
-                        let (leaves, treedef): (Bound<'py, PyList>, Bound<'py, PyAny>) = h
-                            .flatten
-                            .bind(py)
-                            .call1(((args, PyDict::new(py)),))?
-                            .extract()?;
-                        if treedef.eq(expected.bind(py))? {
-                            Some(leaves.to_tuple())
-                        } else {
-                            None
-                        }
-                    }
-                };
-                if let Some(leaves) = leaves {
-                    if latest.key.matches(py, h, &leaves)? {
-                        count(Counter::CacheHit);
-                        return latest.cached.entry.call_fast(
-                            py,
-                            h,
-                            &leaves,
-                            &latest.key.direct,
-                            &self.kind,
-                        );
-                    }
+                if let Some(leaves) = latest.key.matches(py, h, args)? {
+                    count(Counter::CacheHit);
+                    return latest.cached.entry.call_fast(
+                        py,
+                        h,
+                        &leaves,
+                        &latest.key.leaves,
+                        latest.key.passthrough,
+                        &self.kind,
+                    );
                 }
             }
         }
@@ -304,14 +286,6 @@ impl JitFunction {
             .call1(((call.args, call.kwargs),))?
             .extract()?;
         let leaves: Vec<Bound<'py, PyAny>> = leaves.iter().collect();
-        // A call whose leaves are its positional arguments needs no flattening to recognise.
-        let flat = positional_only
-            && leaves.len() == args.len()
-            && leaves
-                .iter()
-                .zip(args.iter())
-                .all(|(leaf, arg)| leaf.is(&arg));
-        let fast_treedef = (!flat).then_some(&treedef);
         let signature =
             match Signature::new(py, h, &call.statics, &treedef, &leaves, positional_only)? {
                 Ok(signature) => signature,
@@ -330,7 +304,7 @@ impl JitFunction {
             };
         if let Some(cached) = self.lookup(py, &signature)? {
             count(Counter::CacheHit);
-            self.set_latest(py, &cached, &signature, fast_treedef)?;
+            self.set_latest(py, &cached, &signature, args, &leaves)?;
             return match cached
                 .entry
                 .call(py, h, &leaves, &signature.leaves, &self.kind)
@@ -356,13 +330,13 @@ impl JitFunction {
             ));
         } else if let Some(cached) = self.lookup(py, &signature)? {
             // Another thread missed on the same key meanwhile and cached its executable.
-            self.set_latest(py, &cached, &signature, fast_treedef)?;
+            self.set_latest(py, &cached, &signature, args, &leaves)?;
         } else {
             let cached = Arc::new(Cached {
                 entry: Entry::from_miss(&entry)?,
                 signature,
             });
-            self.set_latest(py, &cached, &cached.signature, fast_treedef)?;
+            self.set_latest(py, &cached, &cached.signature, args, &leaves)?;
             self.lock().insert(cached, self.capacity);
         }
         Ok(outs)

@@ -61,7 +61,7 @@ pub struct Signature {
     pub leaves: Vec<LeafSignature>,
     pub context: Hashed,
     pub hash: u64,
-    /// Whether the call had positional arguments only, no static ones, and array leaves.
+    /// Whether the call had positional arguments only, and no static ones.
     pub positional_only: bool,
 }
 
@@ -119,10 +119,6 @@ impl Signature {
             }
             keys.push(key);
         }
-        let positional_only = positional_only
-            && keys
-                .iter()
-                .all(|k| matches!(k.kind, LeafKind::Array { .. }));
         Ok(Ok(Self {
             statics: static_keys,
             treedef,
@@ -194,8 +190,8 @@ fn leaf_signature(
             shape: shape.cast::<PyTuple>()?.extract()?,
             weak_type: aval.getattr(intern!(py, "weak_type"))?.is_truthy()?,
             kind: LeafKind::Array {
-                sharding: Hashed::new(&leaf.getattr(intern!(py, "sharding"))?)?,
-                committed: leaf.getattr(intern!(py, "committed"))?.is_truthy()?,
+                sharding: Hashed::new(&leaf.getattr(h.array_sharding.bind(py))?)?,
+                committed: leaf.getattr(h.array_committed.bind(py))?.is_truthy()?,
                 aval: aval.clone().unbind(),
             },
         }));
