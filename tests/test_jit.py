@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import functools
 import importlib
+import json
 import re
 import subprocess
 import sys
@@ -613,6 +614,49 @@ def test_float64_under_enable_x64():
                             timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     assert result.stdout == "ok\n"
+
+
+PERSISTENT_CACHE_CHILD = """
+import json, sys
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+jax.config.update("jax_compilation_cache_dir", sys.argv[1])
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+import fastpjit
+
+persistent_hits = []
+jax.monitoring.register_event_listener(
+    lambda event, **_: persistent_hits.append(event)
+    if event == "/jax/compilation_cache/cache_hits" else None)
+mesh = jax.make_mesh((8,), ("x",), axis_types=(jax.sharding.AxisType.Auto,))
+x = jax.device_put(np.arange(32.0, dtype=np.float32).reshape(8, 4), NamedSharding(mesh, P("x")))
+f = fastpjit.jit(lambda a: (a * 2 + 1).sum(axis=1))
+out = f(x)
+print(json.dumps({"compiles": fastpjit.stats()["compiles"], "persistent_hits": len(persistent_hits),
+                  "out": np.asarray(out).tolist(), "sharding": str(out.sharding)}))
+"""
+
+
+def test_persistent_compilation_cache_spares_a_second_process_the_compile(tmp_path):
+    # JAX's jax_compilation_cache_dir is honoured: the first process compiles and stores the
+    # executable, the second loads it and compiles nothing.
+    def child() -> dict[str, Any]:
+        result = subprocess.run(
+            [sys.executable, "-c", PERSISTENT_CACHE_CHILD, str(tmp_path)], capture_output=True,
+            text=True, timeout=120)
+        assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+        return json.loads(result.stdout.splitlines()[-1])
+
+    first, second = child(), child()
+    assert (first["compiles"], first["persistent_hits"]) == (1, 0)
+    assert (second["compiles"], second["persistent_hits"]) == (0, 1)
+    assert second["out"] == first["out"] == (np.arange(32.0).reshape(8, 4) * 2 + 1).sum(1).tolist()
+    assert second["sharding"] == first["sharding"]
+    assert any(tmp_path.iterdir())
 
 
 def test_non_contiguous_numpy_arguments():

@@ -151,13 +151,25 @@ _backend_compiles = 0
 # Compiles by the thread that runs them: a miss counts its own, not those of misses that
 # other threads run meanwhile.
 _compiles_on_thread = threading.local()
+_PERSISTENT_CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
 
 
 def _count_backend_compile(event: str, duration: float, **_: Any) -> None:
+    # JAX times a load from its persistent compilation cache as a backend compile too; the
+    # cache hit, reported just before on the same thread, says that nothing was compiled.
     global _backend_compiles
-    if event == _dispatch.BACKEND_COMPILE_EVENT:
-        _backend_compiles += 1
-        _compiles_on_thread.count = _thread_compiles() + 1
+    if event != _dispatch.BACKEND_COMPILE_EVENT:
+        return
+    if getattr(_compiles_on_thread, "loaded", False):
+        _compiles_on_thread.loaded = False
+        return
+    _backend_compiles += 1
+    _compiles_on_thread.count = _thread_compiles() + 1
+
+
+def _note_persistent_cache_hit(event: str, **_: Any) -> None:
+    if event == _PERSISTENT_CACHE_HIT_EVENT:
+        _compiles_on_thread.loaded = True
 
 
 def _thread_compiles() -> int:
@@ -165,6 +177,7 @@ def _thread_compiles() -> int:
 
 
 jax.monitoring.register_event_duration_secs_listener(_count_backend_compile)
+jax.monitoring.register_event_listener(_note_persistent_cache_hit)
 
 
 def jit_cache_miss(
@@ -319,5 +332,6 @@ def compiled_parts(compiled: Any) -> tuple[Any, list[Any], Any]:
 
 
 def backend_compiles() -> int:
-    """How many backend compiles JAX has run in this process so far."""
+    """How many backend compiles JAX has run in this process so far (loads from the persistent
+    compilation cache left out)."""
     return _backend_compiles
