@@ -877,3 +877,17 @@ def test_large_puts_onto_shared_tiles_match_jax(spec, offset):
     ours, ref = fastpjit.device_put(x, sharding), jax.device_put(x, sharding)
     assert_same_array(ours, ref)
     assert_get_matches(ours, x)
+
+
+@pytest.mark.parametrize("spec", [P("x"), P(None, "x")])
+@pytest.mark.parametrize("offset", [0, 16])
+def test_large_puts_of_large_tiles_match_jax(spec, offset):
+    # 32 MiB over 2 devices: tiles of 16 MiB, which are staged even when no device shares
+    # them (unless adoptable as they are: the contiguous rows of P('x') at offset 0).
+    sharding = NamedSharding(Mesh(np.array(jax.devices()[:2]), ("x",)), spec)
+    x = _at_offset((4096, 2048), np.float32, offset)
+    ours, ref = fastpjit.device_put(x, sharding), jax.device_put(x, sharding)
+    assert_same_array(ours, ref)
+    assert_get_matches(ours, x)
+    x[...] = 0  # the device copies are the device's own
+    np.testing.assert_array_equal(np.asarray(ours), np.asarray(ref))

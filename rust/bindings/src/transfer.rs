@@ -113,6 +113,8 @@ struct PutPlan {
 /// into fresh 64-byte-aligned buffers that jaxlib then adopts without copying again; handed
 /// the user's array instead, jaxlib copies each tile once for every device that holds it.
 struct Staging {
+    /// Whether some devices hold the same tile.
+    shared_tiles: bool,
     shard_shape: Vec<usize>,
     /// The bounds of each distinct tile, and which of them each device holds.
     tile_bounds: Vec<Vec<(usize, usize)>>,
@@ -120,6 +122,15 @@ struct Staging {
 }
 
 impl Staging {
+    /// Whether staging `nbytes` beats jaxlib's own copies: where devices share tiles, jaxlib
+    /// copies a tile once per holder, where staging copies it once; and tiles too large for
+    /// the allocator to reuse memory are copied by jaxlib into freshly faulted pages on one
+    /// thread, where staging copies with several into memory that numpy asks huge pages for.
+    fn pays_off(&self, nbytes: usize) -> bool {
+        let tiles = self.tile_bounds.len();
+        nbytes >= STAGE_BYTES && (self.shared_tiles || nbytes / tiles >= STAGE_TILE_BYTES)
+    }
+
     /// Whether jaxlib can adopt every tile of `array` as it is: C-ordered, each tile one
     /// contiguous run starting on a 64-byte boundary. It then shares the user's memory, as
     /// `jax.device_put` does, and staging would only add a copy.
@@ -154,6 +165,8 @@ impl Staging {
 
 /// Bytes from which a put to CPU devices is staged.
 const STAGE_BYTES: usize = 1 << 20;
+/// Bytes per tile from which even a fully sharded put to CPU devices is staged.
+const STAGE_TILE_BYTES: usize = 16 << 20;
 
 type PutKey = (usize, usize, bool, Vec<usize>);
 static PUT_PLANS: BoundedCache<PutKey, Arc<PutPlan>> = BoundedCache::new(512);
@@ -188,10 +201,7 @@ fn put_plan(
         }
         None => false,
     };
-    // Staging pays off where devices share tiles: jaxlib would copy a shared tile once per
-    // device, where staging copies it once. Fully sharded values go straight to jaxlib.
-    let shared_tiles = map.num_tiles() < devices.len();
-    let staging = (on_cpu && shared_tiles).then(|| {
+    let staging = on_cpu.then(|| {
         let mut tile_ids: Vec<usize> = Vec::new();
         let tile_of_device = devices
             .iter()
@@ -206,6 +216,7 @@ fn put_plan(
             })
             .collect();
         Staging {
+            shared_tiles: map.num_tiles() < devices.len(),
             shard_shape: map.shard_shape().to_vec(),
             tile_bounds: tile_ids
                 .iter()
@@ -339,7 +350,7 @@ fn place<'py>(
     let staging = plan
         .staging
         .as_ref()
-        .filter(|staging| nbytes >= STAGE_BYTES && !staging.adoptable(untyped, itemsize));
+        .filter(|staging| staging.pays_off(nbytes) && !staging.adoptable(untyped, itemsize));
     let shards = match (staging, &plan.indices) {
         (Some(staging), _) => PyList::new(py, stage(untyped, staging)?)?,
         (None, None) => PyList::new(py, std::iter::repeat_n(array, devices.len()))?,
