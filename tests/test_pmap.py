@@ -4,6 +4,7 @@ import enum
 import functools
 import subprocess
 import sys
+import types
 import typing
 
 import jax
@@ -66,8 +67,14 @@ def check(pair, *args, **kwargs):
 
 
 def both(fun, *positional, **options):
-    """(fastpjit.pmap, jax.pmap) of the same function and options."""
-    return fastpjit.pmap(fun, *positional, **options), jax.pmap(fun, *positional, **options)
+    """(fastpjit.pmap, jax.pmap) of the function and options. JAX's maps a copy of the
+    function, so that neither side's trace, lowering or compile serves the other."""
+    theirs = fun
+    if isinstance(fun, types.FunctionType):
+        theirs = types.FunctionType(fun.__code__, fun.__globals__, fun.__name__, fun.__defaults__,
+                                    fun.__closure__)
+    return (fastpjit.pmap(fun, *positional, **options),
+            jax.pmap(theirs, *positional, **options))
 
 
 def raised(call):

@@ -6,11 +6,13 @@ A JAX upgrade that moves any of these names should need changes here and nowhere
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
 import jax
 import numpy as np
+from jax._src import compiler as _compiler
 from jax._src import config as _config
 from jax._src import core as _core
 from jax._src import dispatch as _dispatch
@@ -25,6 +27,7 @@ from jax._src import stages as _stages
 from jax._src import tree_util as _tree_util
 from jax._src import util as _util
 from jax._src.array import ArrayImpl
+from jax._src.interpreters import mlir as _mlir
 from jax._src.interpreters import pxla as _pxla
 from jax._src.lib import _jax as _jaxlib
 from jax._src.lib import xla_client as xc
@@ -182,30 +185,276 @@ jax.monitoring.register_event_listener(_note_persistent_cache_hit)
 
 def jit_cache_miss(
     jitted: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[Any, Any, int]:
-    """Runs a call of `jitted` as JAX's C++ dispatcher does on a cache miss.
+) -> tuple[Any, Any, int, str | None]:
+    """Runs a call of `jitted` as JAX's C++ dispatcher does on a cache miss, but compiled by
+    fastpjit where it can be.
 
     Returns the outputs; where JAX would take its fast path next time, what fastpjit's
     dispatcher needs to take its own (executable, output treedef, input shardings of the kept
     inputs, output result handlers, kept-input flags over [consts, args], const args), else
-    None; and how many backend compiles the miss ran.
+    None; how many backend compiles the miss ran; and why JAX, not fastpjit, lowered and
+    compiled the call, if it did.
     """
     if _config.disable_jit.value:
         # Under jax.disable_jit(), jax.jit calls the function itself; there is nothing to cache.
-        return jitted(*args, **kwargs), None, 0
+        return jitted(*args, **kwargs), None, 0, "jax.disable_jit is on"
     compiles_before = _thread_compiles()
-    outs, entry = _jit_miss(jitted, args, kwargs)
-    return outs, entry, _thread_compiles() - compiles_before
+    outs, entry, reason = _jit_miss(jitted, args, kwargs)
+    return outs, entry, _thread_compiles() - compiles_before, reason
 
 
-def _jit_miss(jitted: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
+def _jit_miss(
+    jitted: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[Any, Any, str | None]:
     fun, info = jitted._fun, jitted._jit_info
     p, args_flat = _pjit._infer_params(fun, info, args, kwargs)
-    outs, out_flat, out_tree, args_flat, jaxpr, executable, profiler, const_args = (
-        _pjit._run_python_pjit(p, args_flat, fun, args, kwargs))
+    compiled, reason = _compile_by_fastpjit(p, args_flat)
+    if compiled is None:
+        outs, out_flat, out_tree, args_flat, jaxpr, executable, profiler, const_args = (
+            _pjit._run_python_pjit(p, args_flat, fun, args, kwargs))
+    else:
+        executable, const_args = compiled
+        jaxpr, out_tree, profiler = p.params["jaxpr"], p.out_tree, None
+        out_flat = executable.unsafe_call(*const_args, *args_flat)
+        outs = _tree_util.tree_unflatten(out_tree, out_flat)
     fast = _pjit._get_fastpath_data(executable, out_tree, args_flat, out_flat, jaxpr.effects,
                                     jaxpr.consts, profiler, const_args)
-    return outs, _dispatch_entry(fast)
+    return outs, _dispatch_entry(fast), reason
+
+
+# fastpjit's compile of a jit call: JAX traces and lowers to StableHLO with the shardings;
+# fastpjit sets the compile options (one replica, a partition per device of the lowering's
+# device assignment, where XLA may choose shardings), compiles through jaxlib's PjRt client
+# (JAX's persistent compilation cache is consulted first), and reads the output shardings
+# that XLA chose through fastpjit's own HLO sharding parser and index maps. The executable
+# is JAX's MeshExecutable, so `Compiled`, `.lower()` and JAX's own jit share it.
+
+
+def _compile_by_fastpjit(
+    p: Any, args_flat: Sequence[Any]
+) -> tuple[tuple[Any, list[Any]] | None, str | None]:
+    """Lowers and compiles a jit call whose parameters JAX inferred: ((executable, const args
+    placed on their devices), None), or (None, why JAX must lower and compile it)."""
+    params = p.params
+    reason = _why_jax_compiles(params)
+    if reason is not None:
+        return None, reason
+    try:
+        for arg in args_flat:
+            _dispatch.check_arg(arg)
+        args_flat = [_core.full_lower(a) for a in args_flat]
+        _core.check_eval_args(args_flat)
+        computation = _lower(params, args_flat)
+        reason = _why_jax_compiles_lowering(computation)
+        if reason is not None:
+            return None, reason
+        executable = _compile_lowering(computation)
+        return (executable, executable.shard_const_args(computation.const_args)), None
+    except Exception as err:
+        # JAX's own path then raises JAX's error for the same call, or runs it.
+        return None, f"fastpjit's compile raised {type(err).__name__}"
+
+
+def compile_lowered(lowered: Any) -> None:
+    """Compiles a `jax.stages.Lowered` of a jit function the way a call would, where fastpjit
+    can, so that its `compile()` returns fastpjit's executable."""
+    computation = lowered._lowering
+    if (isinstance(computation, _pxla.MeshComputation)
+            and _why_jax_compiles_lowering(computation) is None):
+        _compile_lowering(computation)
+
+
+def _why_jax_compiles(params: dict[str, Any]) -> str | None:
+    if not _core.trace_state_clean():
+        return "under a JAX trace"
+    if _config.debug_key_reuse.value or _config.enable_pgle.value:
+        return "key reuse checks or profile-guided optimization are on"
+    jaxpr = params["jaxpr"]
+    if jaxpr.jaxpr.is_high or jaxpr.effects:
+        return "the function has effects or mutable state"
+    if any(layout is not None for layout in (*params["in_layouts"], *params["out_layouts"])):
+        return "layouts are set"
+    return None
+
+
+def _lower(params: dict[str, Any], args_flat: Sequence[Any]) -> Any:
+    """JAX's lowering of the call, shared with jax.jit's caches."""
+    return _pjit._resolve_and_lower(
+        [_pjit.convert_to_metaty(a) for a in args_flat], jaxpr=params["jaxpr"],
+        in_shardings=params["in_shardings"], out_shardings=params["out_shardings"],
+        in_layouts=params["in_layouts"], out_layouts=params["out_layouts"],
+        donated_invars=params["donated_invars"], ctx_mesh=params["ctx_mesh"],
+        name=params["name"], keep_unused=params["keep_unused"], inline=params["inline"],
+        lowering_platforms=None, lowering_parameters=_mlir.LoweringParameters(),
+        pgle_profiler=None, compiler_options_kvs=params["compiler_options_kvs"])
+
+
+def _why_jax_compiles_lowering(computation: Any) -> str | None:
+    args = computation.compile_args
+    if args["host_callbacks"] or args["ordered_effects"] or args["unordered_effects"]:
+        return "the computation calls back to the host"
+    if args["mut"] is not None or (args["shape_poly_state"] is not None
+                                   and args["shape_poly_state"].uses_dim_vars):
+        return "mutable arrays or symbolic shapes"
+    avals = (*args["global_in_avals"], *args["global_out_avals"])
+    if any(a is _core.abstract_token or _dtypes.issubdtype(a.dtype, _dtypes.extended)
+           for a in avals):
+        return "tokens or extended dtypes (PRNG keys)"
+    shardings = (*args["in_shardings"], *args["out_shardings"])
+    if any(_mlir.contains_unconstrained(s) for s in shardings
+           if not isinstance(s, _sharding_impls.UnspecifiedValue)):
+        return "unconstrained shardings"
+    return None
+
+
+# One lock per lowering: threads that miss on one call together compile it once, as in JAX.
+_compile_locks: weakref.WeakKeyDictionary[Any, threading.Lock] = weakref.WeakKeyDictionary()
+_compile_locks_lock = threading.Lock()
+
+
+def _compile_lowering(computation: Any) -> Any:
+    """The MeshExecutable of `computation`, compiled by fastpjit once per lowering (as JAX
+    does; JAX's `MeshComputation.compile` then finds it)."""
+    with _compile_locks_lock:
+        lock = _compile_locks.setdefault(computation, threading.Lock())
+    with lock:
+        if computation._executable is None:
+            computation._executable = _compile_unlocked(computation)
+    return computation._executable
+
+
+def _compile_unlocked(computation: Any) -> Any:
+    args = computation.compile_args
+    devices = computation._device_list
+    in_shardings = tuple(_pxla.maybe_concretize_mesh(s, devices) for s in args["in_shardings"])
+    out_shardings = tuple(_pxla.maybe_concretize_mesh(s, devices) for s in args["out_shardings"])
+    options = _compile_options(computation, in_shardings, out_shardings)
+    with _dispatch.log_elapsed_time(
+            "Finished XLA compilation of {fun_name} in {elapsed_time:.9f} sec",
+            fun_name=computation._name, event=_dispatch.BACKEND_COMPILE_EVENT):
+        xla_executable = _compiler.compile_or_get_cached(
+            args["backend"], computation._hlo, _device_array(devices), options, [], devices)
+    in_avals, out_avals = args["global_in_avals"], args["global_out_avals"]
+    # Shardings that XLA chose become NamedShardings where a user sharding shows the mesh,
+    # as in JAX.
+    in_shardings = _pxla.maybe_recover_user_shardings(
+        in_shardings,
+        _checked_shardings(
+            in_shardings,
+            _xla_shardings(xla_executable.get_parameter_shardings(), [None] * len(in_avals),
+                           devices),
+            in_avals, "input"),
+        in_avals, in_avals)
+    out_shardings = _checked_shardings(
+        out_shardings,
+        _xla_shardings(xla_executable.get_output_shardings(),
+                       _output_memory_kinds(xla_executable, len(out_avals)), devices),
+        out_avals, "output")
+    xla_in_layouts, xla_out_layouts = _pxla._get_layouts_from_executable(
+        xla_executable, args["in_layouts"], args["out_layouts"], 0, in_avals, out_avals)
+    out_shardings = _pxla.maybe_recover_user_shardings(
+        in_shardings, out_shardings, in_avals, out_avals, args["intermediate_shardings"],
+        args["context_mesh"])
+    in_shardings = _pxla.finalize_shardings(in_shardings, devices)
+    out_shardings = _pxla.finalize_shardings(out_shardings, devices)
+    return _pxla.UnloadedMeshExecutable(
+        xla_executable=xla_executable, device_list=devices, backend=args["backend"],
+        input_avals=in_avals, input_shardings=in_shardings, output_avals=out_avals,
+        output_shardings=out_shardings, committed=args["committed"], name=computation._name,
+        unordered_effects=[], ordered_effects=[], keepalive=args["keepalive"],
+        host_callbacks=[], kept_var_idx=args["kept_var_idx"], mut=None,
+        xla_in_layouts=xla_in_layouts,
+        dispatch_in_layouts=_pxla.get_dispatch_layouts(xla_in_layouts, in_shardings,
+                                                       in_avals),
+        xla_out_layouts=xla_out_layouts, all_args_info=args["all_args_info"],
+        pgle_profiler=None).load()
+
+
+def _device_array(devices: Any) -> np.ndarray:
+    array = np.empty(len(devices), dtype=object)
+    array[:] = list(devices)
+    return array
+
+
+def _compile_options(computation: Any, in_shardings: Sequence[Any],
+                     out_shardings: Sequence[Any]) -> Any:
+    """One replica and one partition per device, in the lowering's device order; XLA may
+    choose the shardings of the inputs and outputs that the user left unspecified. The other
+    options (XLA flags, JAX's compiler options) are read from JAX's configuration."""
+    args = computation.compile_args
+    devices = _device_array(computation._device_list)
+    options = _compiler.get_compile_options(
+        num_replicas=1, num_partitions=devices.size,
+        device_assignment=devices.reshape((1, devices.size)),
+        env_options_overrides=dict(computation._compiler_options_kvs),
+        detailed_logging=_compiler.use_detailed_logging(computation._hlo),
+        backend=args["backend"])
+    options.parameter_is_tupled_arguments = args["tuple_args"]
+    build = options.executable_build_options
+    unspecified = _sharding_impls.UnspecifiedValue
+    build.allow_spmd_sharding_propagation_to_parameters = [
+        isinstance(s, unspecified) for s in in_shardings]
+    build.allow_spmd_sharding_propagation_to_output = [
+        isinstance(s, unspecified) for s in out_shardings]
+    return options
+
+
+def _output_memory_kinds(executable: Any, count: int) -> list[str | None]:
+    try:
+        kinds = list(executable.get_output_memory_kinds()[0])
+    except Exception:  # platforms without memory kinds
+        return [None] * count
+    if len(kinds) != count:
+        raise AssertionError(f"XLA gave {len(kinds)} memory kinds for {count} outputs")
+    return kinds
+
+
+def _xla_shardings(op_shardings: Any, memory_kinds: list[str | None],
+                   devices: Any) -> list[Any] | None:
+    """XLA's shardings of an executable's inputs or outputs (in the given memory kinds), read
+    by fastpjit's HLO sharding parser; None where XLA reports none."""
+    from fastpjit.sharding import parse_hlo_sharding
+
+    count = len(memory_kinds)
+    if len(devices) == 1:
+        # With one device the SPMD partitioner does not run, and sets no shardings.
+        return [GSPMDSharding.get_replicated(devices, memory_kind=kind) for kind in memory_kinds]
+    if not op_shardings:
+        return None
+    texts = [str(xc.HloSharding.from_proto(o)) for o in op_shardings]
+    if count == 0:
+        return []
+    if len(texts) == 1 and count > 1:
+        # Outputs that all share one sharding may carry it once, on the tuple.
+        texts = texts * count
+    if len(texts) != count:
+        raise AssertionError(f"XLA gave {len(texts)} shardings for {count} values")
+    shardings = [parse_hlo_sharding(text, devices) for text in texts]
+    return [s if kind is None else s.with_memory_kind(kind)
+            for s, kind in zip(shardings, memory_kinds, strict=True)]
+
+
+def _checked_shardings(shardings: Sequence[Any], xla: list[Any] | None,
+                       avals: Sequence[Any], what: str) -> list[Any]:
+    """The user's shardings where given, each checked against XLA's by their index maps, and
+    XLA's where not."""
+    from fastpjit.sharding import devices_indices_map
+
+    if xla is None:
+        return list(shardings)
+    out = []
+    for given, chosen, aval in zip(shardings, xla, avals, strict=True):
+        if isinstance(given, _sharding_impls.UnspecifiedValue):
+            out.append(chosen)
+            continue
+        if (aval.size != 0 and not chosen._to_xla_hlo_sharding(aval.ndim).is_manual()
+                and (devices_indices_map(chosen, aval.shape)
+                     != devices_indices_map(given, aval.shape)
+                     or (what == "output" and chosen.memory_kind != given.memory_kind))):
+            raise AssertionError(
+                f"Unexpected XLA sharding override: (XLA) {chosen} != {given} (User {what})")
+        out.append(given)
+    return out
 
 
 def _dispatch_entry(fast: Any) -> tuple[Any, ...] | None:
@@ -221,7 +470,7 @@ def _dispatch_entry(fast: Any) -> tuple[Any, ...] | None:
 
 def aot_cache_miss(
     compiled: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[Any, Any, int]:
+) -> tuple[Any, Any, int, str | None]:
     """The cache miss of an ahead-of-time compiled function, as JAX's C++ dispatcher runs it:
     JAX checks and runs the call; the entry is as `jit_cache_miss` gives it."""
     executable, params = compiled._executable, compiled._params
@@ -229,12 +478,12 @@ def aot_cache_miss(
     fast_path = (isinstance(call, _pxla.ExecuteReplicated) and not call.has_unordered_effects
                  and not call.has_host_callbacks)
     if not fast_path:
-        return compiled(*args, **kwargs), None, 0
+        return compiled(*args, **kwargs), None, 0, "the executable has effects or callbacks"
     params = params._replace(const_args=executable.shard_const_args(params.const_args))
     outs, out_flat, args_flat = _stages.Compiled.call(params, *args, **kwargs)
     out_flat, out_tree = _pxla.reflatten_outputs_for_dispatch(params.out_tree, out_flat)
     if params.is_high or executable._mut or not all(isinstance(x, xc.ArrayImpl) for x in out_flat):
-        return outs, None, 0
+        return outs, None, 0, "mutable state, or outputs that are not arrays"
     in_shardings = [
         _sharding_impls.physical_sharding(a, s)
         if a is not _core.abstract_token and _dtypes.issubdtype(a.dtype, _dtypes.extended)
@@ -245,7 +494,7 @@ def aot_cache_miss(
         executable.xla_executable, out_tree, in_shardings, executable._out_shardings,
         [o.aval for o in out_flat], [o._committed for o in out_flat], kept,
         executable._dispatch_in_layouts, params.const_args)
-    return outs, _dispatch_entry(fast), 0
+    return outs, _dispatch_entry(fast), 0, None
 
 
 def legacy_pjit(fun: Any, **options: Any) -> Any:
@@ -260,14 +509,14 @@ def in_legacy_mesh_context() -> bool:
 
 def pmap_cache_miss(
     pmapped: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[Any, Any, int]:
+) -> tuple[Any, Any, int, str | None]:
     """The cache miss of a jax.pmap function: JAX's pmap resolves its parameters and the jit
     over shard_map that it calls, whose miss is `jit_cache_miss`'s. Multi-process pmaps, which
     convert host-local arrays in Python, run in JAX without an entry."""
     infer_params = _closure_variable(pmapped, "infer_params")
     _, jitted, args_flat, _, _, process_count, trace_state_clean = infer_params(*args, **kwargs)
     if process_count > 1 or not trace_state_clean:
-        return pmapped(*args, **kwargs), None, 0
+        return pmapped(*args, **kwargs), None, 0, "multi-process, or under a JAX trace"
     return jit_cache_miss(jitted, tuple(args_flat), {})
 
 

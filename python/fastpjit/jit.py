@@ -1,8 +1,9 @@
 """fastpjit.jit and fastpjit.pjit: jax.jit with the dispatch of every cached call in Rust.
 
 A call goes straight into `fastpjit._core.JitFunction`, which keys it, finds the executable
-and runs it. On a miss, JAX traces, lowers and compiles exactly as jax.jit does; calls that
-JAX must run itself (tracers, effects) go to jax.jit and are counted in fastpjit.stats().
+and runs it. On a miss, JAX traces and lowers exactly as jax.jit does, and fastpjit compiles
+(`_jax._compile_lowering`); calls that JAX must run or compile itself (tracers, effects) go to
+jax.jit and are counted in fastpjit.stats().
 Ahead-of-time compiled functions (`f.lower(...).compile()`) dispatch the same way.
 """
 
@@ -67,7 +68,10 @@ class Lowered:
         self._lowered = lowered
 
     def compile(self, *args: Any, **kwargs: Any) -> Compiled:
-        """Compiles, as JAX's `Lowered.compile` does."""
+        """Compiles as JAX's `Lowered.compile` does; with no compiler options or device
+        assignment given, fastpjit compiles, as for a call."""
+        if not args and not kwargs:
+            _jax.compile_lowered(self._lowered)
         return Compiled.of(self._lowered.compile(*args, **kwargs))
 
     def __getattr__(self, name: str) -> Any:

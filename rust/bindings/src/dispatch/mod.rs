@@ -102,6 +102,10 @@ impl JitCache {
     }
 }
 
+/// What a miss returns: the outputs, the entry to cache (None if JAX keeps the function off
+/// its fast path), the backend compiles it ran, and why JAX compiled it, if JAX did.
+type MissResult<'py> = (Bound<'py, PyAny>, Bound<'py, PyAny>, u64, Option<String>);
+
 /// A call split into its static arguments and the dynamic rest.
 struct SplitCall<'py> {
     statics: Vec<Bound<'py, PyAny>>,
@@ -116,7 +120,7 @@ pub struct JitFunction {
     /// JAX's callable for the same computation (`jax.jit(f)`, or a `Compiled`): it runs every
     /// call that JAX must handle (tracers, unhashable statics).
     fallback: Option<Py<PyAny>>,
-    /// `miss(args, kwargs) -> (outputs, entry or None, compiles)`: JAX's cache miss.
+    /// `miss(args, kwargs) -> MissResult`: the cache miss.
     miss: Option<Py<PyAny>>,
     /// Positions of static arguments; a negative one counts from the end of the call's.
     static_argnums: Vec<isize>,
@@ -318,17 +322,20 @@ impl JitFunction {
         }
         count(Counter::CacheMiss);
         let kwargs = kwargs.map_or_else(|| PyDict::new(py), Clone::clone);
-        let (outs, entry, compiles): (Bound<'py, PyAny>, Bound<'py, PyAny>, u64) =
+        let (outs, entry, compiles, jax_compiled): MissResult<'py> =
             Self::callable(py, self.miss.as_ref())?
                 .call1((args, kwargs))?
                 .extract()?;
         count(Counter::Compile(compiles));
         if entry.is_none() {
-            count_fallback(&format!(
-                "{}: JAX keeps this function off its fast path (effects or layouts)",
-                self.kind
-            ));
-        } else if let Some(cached) = self.lookup(py, &signature)? {
+            let why = jax_compiled.as_deref().unwrap_or("effects or layouts");
+            count_fallback(&format!("{}: JAX runs the call: {why}", self.kind));
+            return Ok(outs);
+        }
+        if let Some(why) = &jax_compiled {
+            count_fallback(&format!("{}: JAX compiled the call: {why}", self.kind));
+        }
+        if let Some(cached) = self.lookup(py, &signature)? {
             // Another thread missed on the same key meanwhile and cached its executable.
             self.set_latest(py, &cached, &signature, args, &leaves)?;
         } else {
