@@ -219,7 +219,15 @@ def _jit_miss(
         outs = _tree_util.tree_unflatten(out_tree, out_flat)
     fast = _pjit._get_fastpath_data(executable, out_tree, args_flat, out_flat, jaxpr.effects,
                                     jaxpr.consts, profiler, const_args)
-    return outs, _dispatch_entry(fast), reason
+    return outs, *_entry_and_reason(fast, reason)
+
+
+def _entry_and_reason(fast: Any, reason: str | None) -> tuple[Any, str | None]:
+    entry = _dispatch_entry(fast)
+    if entry is None and reason is None:
+        reason = "JAX's own dispatch keeps it off its fast path (outputs that are not arrays, "
+        reason += "effects or layouts)"
+    return entry, reason
 
 
 # fastpjit's compile of a jit call: JAX traces and lowers to StableHLO with the shardings;
@@ -272,8 +280,6 @@ def _why_jax_compiles(params: dict[str, Any]) -> str | None:
     jaxpr = params["jaxpr"]
     if jaxpr.jaxpr.is_high or jaxpr.effects:
         return "the function has effects or mutable state"
-    if any(layout is not None for layout in (*params["in_layouts"], *params["out_layouts"])):
-        return "layouts are set"
     return None
 
 
@@ -293,6 +299,8 @@ def _why_jax_compiles_lowering(computation: Any) -> str | None:
     args = computation.compile_args
     if args["host_callbacks"] or args["ordered_effects"] or args["unordered_effects"]:
         return "the computation calls back to the host"
+    if any(layout is not None for layout in (*args["in_layouts"], *args["out_layouts"])):
+        return "layouts are set"
     if args["mut"] is not None or (args["shape_poly_state"] is not None
                                    and args["shape_poly_state"].uses_dim_vars):
         return "mutable arrays or symbolic shapes"
@@ -494,7 +502,8 @@ def aot_cache_miss(
         executable.xla_executable, out_tree, in_shardings, executable._out_shardings,
         [o.aval for o in out_flat], [o._committed for o in out_flat], kept,
         executable._dispatch_in_layouts, params.const_args)
-    return outs, _dispatch_entry(fast), 0, None
+    entry, reason = _entry_and_reason(fast, None)
+    return outs, entry, 0, reason
 
 
 def legacy_pjit(fun: Any, **options: Any) -> Any:

@@ -328,7 +328,7 @@ impl JitFunction {
                 .extract()?;
         count(Counter::Compile(compiles));
         if entry.is_none() {
-            let why = jax_compiled.as_deref().unwrap_or("effects or layouts");
+            let why = jax_compiled.as_deref().unwrap_or("no reason given");
             count_fallback(&format!("{}: JAX runs the call: {why}", self.kind));
             return Ok(outs);
         }
