@@ -31,7 +31,7 @@ def _same(ours, theirs) -> bool:
 
 def _floor(pmapped, args):
     """The executable that `pmapped` runs for `args`, called directly."""
-    outs, entry, _ = _jax.pmap_cache_miss(pmapped, args, {})
+    outs, entry, _, _ = _jax.pmap_cache_miss(pmapped, args, {})
     executable, out_tree, _, handlers, kept, consts = entry
     assert all(kept) and not consts, "the floor needs every argument kept and no constants"
     flat = jax.tree.leaves(args)
