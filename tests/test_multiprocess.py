@@ -1,9 +1,10 @@
-"""Index maps in multi-controller JAX: two processes on loopback with 4 CPU devices each.
+"""Multi-controller JAX: two processes on loopback with 4 CPU devices each.
 
 The test starts this file twice as a script (`python test_multiprocess.py PROCESS_ID PORT`);
-each process joins the other through `jax.distributed.initialize` and checks fastpjit's maps
-against JAX's over all 8 global devices. CPU collectives default to gloo in this JAX, and
-nothing here runs a collective, so no collectives flag is set.
+each process joins the other through `jax.distributed.initialize` and checks fastpjit's index
+maps against JAX's over all 8 global devices, then jit, device_put and pmap on arrays that
+span both processes. CPU collectives default to gloo in this JAX, and nothing here runs a
+collective, so no collectives flag is set.
 """
 
 from __future__ import annotations
@@ -60,6 +61,50 @@ def check_against_jax(sharding, shape, local_devices):
     return ours, ours_local
 
 
+def assert_same_global_array(ours, theirs):
+    assert ours.shape == theirs.shape and ours.dtype == theirs.dtype
+    assert ours.sharding == theirs.sharding, (ours.sharding, theirs.sharding)
+    assert ours.committed == theirs.committed
+    ours_shards = sorted(ours.addressable_shards, key=lambda s: s.device.id)
+    theirs_shards = sorted(theirs.addressable_shards, key=lambda s: s.device.id)
+    assert [(s.device, s.index) for s in ours_shards] == [
+        (s.device, s.index) for s in theirs_shards]
+    for a, b in zip(ours_shards, theirs_shards, strict=True):
+        np.testing.assert_array_equal(np.asarray(a.data), np.asarray(b.data))
+
+
+def check_dispatch(mesh, local):
+    """jit (compiled by fastpjit, then its Rust fast path), device_put and pmap across the two
+    processes, against JAX."""
+    sharding = NamedSharding(mesh, P("x", "y"))
+    host = np.arange(64, dtype=np.float32).reshape(8, 8)
+    x = jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+    def affine(a, b):
+        return a * 2 + b, a.T
+
+    ours, theirs = fastpjit.jit(affine), jax.jit(affine)
+    before = fastpjit.stats()
+    for _ in range(3):  # a miss, then hits
+        for mine, expected in zip(ours(x, 1.5), theirs(x, 1.5), strict=True):
+            assert_same_global_array(mine, expected)
+    after = fastpjit.stats()
+    assert after["cache_hits"] - before["cache_hits"] == 2
+    assert after["compiles"] - before["compiles"] == 1
+    assert after["fallbacks"] == before["fallbacks"], after["fallbacks"]
+
+    assert_same_global_array(fastpjit.device_put(host, sharding), jax.device_put(host, sharding))
+    replicated = NamedSharding(mesh, P())
+    assert_same_global_array(fastpjit.device_put(host, replicated),
+                             jax.device_put(host, replicated))
+
+    per_process = np.arange(LOCAL_DEVICES * 3, dtype=np.float32).reshape(LOCAL_DEVICES, 3)
+    pmapped = fastpjit.pmap(lambda v: v * 3 + jax.process_index())
+    expected = jax.pmap(lambda v: v * 3 + jax.process_index())(per_process)
+    assert_same_global_array(pmapped(per_process), expected)
+    assert {s.device for s in expected.addressable_shards} == set(local)
+
+
 def worker(process_id, port):
     jax.distributed.initialize(
         coordinator_address=f"127.0.0.1:{port}",
@@ -107,6 +152,7 @@ def worker(process_id, port):
         assert set(mine) == set(local)
         none_mine = fastpjit.addressable_devices_indices_map(cases[9][0], (4, 4))
         assert none_mine == {}
+        check_dispatch(mesh, local)
         print(PASSED, process_id, len(cases), flush=True)
     except BaseException:  # a pyo3 PanicException derives from BaseException
         print(MISMATCH, process_id, flush=True)
@@ -165,7 +211,7 @@ def run_pair():
     return codes, outputs
 
 
-def test_two_processes_see_global_and_addressable_maps_like_jax():
+def test_two_processes_see_global_and_addressable_maps_and_dispatch_like_jax():
     for attempt in range(ATTEMPTS):
         codes, outputs = run_pair()
         report = "\n".join(
