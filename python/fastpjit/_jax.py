@@ -38,7 +38,9 @@ DuplicateSpecError = _named_sharding.DuplicateSpecError
 
 __all__ = [
     "ARRAY_COMMITTED",
+    "ARRAY_HOST_VALUE",
     "ARRAY_SHARDING",
+    "ARRAY_TO_HOST",
     "ArrayImpl",
     "consume_with_handlers",
     "DuplicateSpecError",
@@ -54,17 +56,15 @@ __all__ = [
     "trace_context",
     "tracing",
     "batched_device_put",
-    "cache_host_value",
-    "cached_host_value",
     "canonical_dtype",
     "copy_to_host_async",
     "device_put_aval",
-    "host_view",
     "python_scalar_dtype",
     "GSPMDSharding",
     "IndivisibleError",
     "gspmd_sharding",
     "hlo_parts",
+    "host_view",
     "logical_device_ids",
 ]
 
@@ -112,20 +112,11 @@ def copy_to_host_async(single: Any) -> None:
     single._copy_single_device_array_to_host_async()
 
 
-def host_view(array: Any) -> np.ndarray:
-    """A numpy view (a copy where the platform needs one) of a single-device or fully
-    replicated array: the value of its first shard."""
-    return array._single_device_array_to_np_array_did_copy()[0]
-
-
-def cached_host_value(array: Any) -> np.ndarray | None:
-    """The numpy value that np.asarray already made of `array`, if any."""
-    return array._npy_value
-
-
-def cache_host_value(array: Any, value: np.ndarray) -> None:
-    """Stores `value` where np.asarray(array) will find it."""
-    array._npy_value = value
+# What device_get reads of a jaxlib ArrayImpl, from Rust: the method that gives a host view (a
+# copy where the platform needs one) of a single-device or fully replicated array, as
+# `(value, did_copy)`; and the attribute where np.asarray caches an array's host value.
+ARRAY_TO_HOST = "_single_device_array_to_np_array_did_copy"
+ARRAY_HOST_VALUE = "_npy_value"
 
 
 # jit: the cache miss that JAX's own C++ dispatcher would run, and what a hit needs.
@@ -548,6 +539,12 @@ def shard_arg(x: Any, sharding: Any) -> Any:
 
 
 # For benchmarks and tests
+
+
+def host_view(array: Any) -> np.ndarray:
+    """What fastpjit's device_get returns for a fully replicated array: a host view of its
+    first shard, by the method that `ARRAY_TO_HOST` names."""
+    return getattr(array, ARRAY_TO_HOST)()[0]
 
 
 _INDEX_MAP_CACHES = (

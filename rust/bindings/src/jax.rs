@@ -3,7 +3,7 @@
 
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::PyType;
+use pyo3::types::{PyString, PyType};
 
 static PRIVATE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
 
@@ -22,4 +22,10 @@ pub fn attribute(module: &Bound<'_, PyModule>, name: &str) -> PyResult<Py<PyAny>
 /// `module.name`, a class, kept.
 pub fn type_attribute(module: &Bound<'_, PyModule>, name: &str) -> PyResult<Py<PyType>> {
     Ok(module.getattr(name)?.cast_into::<PyType>()?.unbind())
+}
+
+/// `module.name`, a string, interned: an attribute name that Rust looks up per call.
+pub fn interned(module: &Bound<'_, PyModule>, name: &str) -> PyResult<Py<PyString>> {
+    let value: String = module.getattr(name)?.extract()?;
+    Ok(PyString::intern(module.py(), &value).unbind())
 }

@@ -9,11 +9,11 @@ use pyo3::exceptions::{PyOverflowError, PyRuntimeError, PyTypeError, PyValueErro
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBool, PyComplex, PyFloat, PyInt, PyList, PySlice, PyTuple, PyType};
+use pyo3::types::{PyBool, PyComplex, PyFloat, PyInt, PyList, PySlice, PyString, PyTuple, PyType};
 
 use crate::cache::BoundedCache;
 use crate::index_maps::indexed_devices;
-use crate::jax::{attribute as get, private, type_attribute as get_type};
+use crate::jax::{attribute as get, interned, private, type_attribute as get_type};
 use crate::stats::count_fallback;
 
 /// Python callables and types that the shard path uses, fetched once.
@@ -23,9 +23,9 @@ struct Handles {
     canonical_dtype: Py<PyAny>,
     python_scalar_dtype: Py<PyAny>,
     copy_to_host_async: Py<PyAny>,
-    host_view: Py<PyAny>,
-    cached_host_value: Py<PyAny>,
-    cache_host_value: Py<PyAny>,
+    /// Attribute names of jaxlib's `ArrayImpl` (see `fastpjit._jax`).
+    to_host: Py<PyString>,
+    host_value: Py<PyString>,
     asarray: Py<PyAny>,
     empty: Py<PyAny>,
     ndarray: Py<PyType>,
@@ -50,9 +50,8 @@ fn handles(py: Python<'_>) -> PyResult<&Handles> {
             canonical_dtype: get(jax, "canonical_dtype")?,
             python_scalar_dtype: get(jax, "python_scalar_dtype")?,
             copy_to_host_async: get(jax, "copy_to_host_async")?,
-            host_view: get(jax, "host_view")?,
-            cached_host_value: get(jax, "cached_host_value")?,
-            cache_host_value: get(jax, "cache_host_value")?,
+            to_host: interned(jax, "ARRAY_TO_HOST")?,
+            host_value: interned(jax, "ARRAY_HOST_VALUE")?,
             asarray: get(&numpy, "asarray")?,
             empty: get(&numpy, "empty")?,
             ndarray: get_type(&numpy, "ndarray")?,
@@ -587,13 +586,13 @@ pub fn get_host_value<'py>(x: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>>
             return h.jax_device_get.bind(py).call1((x,));
         }
     }
-    let cached = h.cached_host_value.bind(py).call1((x,))?;
+    let cached = x.getattr(h.host_value.bind(py))?;
     if !cached.is_none() {
         return Ok(cached);
     }
     if x.getattr(intern!(py, "is_fully_replicated"))?.is_truthy()? {
         // JAX hands back a read-only view of one replica, uncached.
-        return h.host_view.bind(py).call1((x,));
+        return host_view(h, x);
     }
     let sharding = x.getattr(intern!(py, "sharding"))?;
     let shape: Vec<usize> = x.getattr(intern!(py, "shape"))?.extract()?;
@@ -605,7 +604,7 @@ pub fn get_host_value<'py>(x: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>>
             .call1((PyTuple::new(py, &shape)?, &dtype))?;
         out.getattr(intern!(py, "flags"))?
             .setattr(intern!(py, "writeable"), false)?;
-        h.cache_host_value.bind(py).call1((x, &out))?;
+        x.setattr(h.host_value.bind(py), &out)?;
         return Ok(out);
     }
     let plan = get_plan(&sharding, &shape)?;
@@ -630,6 +629,8 @@ pub fn get_host_value<'py>(x: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>>
             h.copy_to_host_async.bind(py).call1((single,))?;
         }
     }
+    // np.asarray of a single-device array is faster than its host-view method called
+    // directly (measured: 36 against 60 µs for 8 fresh (1, 4) shards).
     let views = sources
         .iter()
         .map(|single| {
@@ -668,8 +669,14 @@ pub fn get_host_value<'py>(x: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>>
         .map_err(|e| PyRuntimeError::new_err(format!("assembling the host value failed: {e}")))?;
     out.getattr(intern!(py, "flags"))?
         .setattr(intern!(py, "writeable"), false)?;
-    h.cache_host_value.bind(py).call1((x, &out))?;
+    x.setattr(h.host_value.bind(py), &out)?;
     Ok(out)
+}
+
+/// A host view (a copy where the platform needs one) of a single-device or fully replicated
+/// array: the value of its first addressable shard.
+fn host_view<'py>(h: &Handles, array: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    array.call_method0(h.to_host.bind(array.py()))?.get_item(0)
 }
 
 /// `fastpjit.device_get` for one leaf.

@@ -5,7 +5,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyString, PyTuple, PyType};
 
-use crate::jax::{attribute as get, private, type_attribute as get_type};
+use crate::jax::{attribute as get, interned, private, type_attribute as get_type};
 
 pub struct Handles {
     trace_context: Py<PyAny>,
@@ -46,13 +46,6 @@ pub fn handles(py: Python<'_>) -> PyResult<&Handles> {
             numpy_scalar: get_type(&numpy, "generic")?,
         })
     })
-}
-
-/// `module.name`, a string, interned.
-fn interned(module: &Bound<'_, PyModule>, name: &str) -> PyResult<Py<PyString>> {
-    let py = module.py();
-    let value: String = module.getattr(name)?.extract()?;
-    Ok(PyString::intern(py, &value).unbind())
 }
 
 impl Handles {
