@@ -213,13 +213,11 @@ CASES = [_case(op, shape, spec) for op in ("device_put", "device_get")
 PIECES = {
     "put_jax": 49.6, "put_ours": 21.9, "put_raw": 17.6,
     "put_p_jax": 55.9, "put_p_ours": 25.2, "put_p_raw": 22.5,
-    "get_jax": 57.4, "get_ours": 41.0, "get_leaf": 34.0, "get_arrays": 20.9,
-    "get_asarray_views": 7.5, "get_memoryviews": 5.4, "get_addressable": 3.0,
-    "get_arrays_once": 0.44,
-    "get_p_jax": 6.8, "get_p_ours": 8.7, "get_p_addressable": 3.65, "get_p_direct": 4.5,
-    "big_put_ours": 128_000, "big_put_proto": 29_000, "big_put_new_copy": 27_100,
-    "big_put_p_ours": 1_068_000, "big_put_p_proto": 37_600,
-    "get32_two_cores": (4_750, 3_830), "get32_one_core": (3_650, 3_630),
+    "get_jax": 57.4, "get_arrays": 20.9, "get_asarray_views": 7.5, "get_addressable": 3.0,
+    # Timed at commit 8e8148e: 8 fresh (1, 4) shards viewed by the method and by np.asarray;
+    # 256 MiB gets, P('x'), with 2 copy threads and with 1, and JAX's.
+    "get_method_views": (60, 36),
+    "get256_threads": (20_300, 29_600, 27_500),
 }
 
 
@@ -314,50 +312,23 @@ shared):
   than `batched_device_put` (whose cost is per shard, about 1.3 µs each, plus its IFRT
   call), not a faster wrapper.
 - **Small gets pay for jaxlib's per-device arrays.** A fresh sharded array has no
-  single-device arrays yet; the first `_arrays` (or `addressable_data`) builds all 8, in
-  {p['get_arrays']} µs, and jaxlib has no other way to reach a shard's memory from Python. With
-  8 views ({p['get_asarray_views']} µs through `np.asarray`) that is ≈
-  {p['get_arrays'] + p['get_asarray_views']:.0f} µs of the {p['get_leaf']} µs of
-  `_core.device_get_leaf` and {p['get_ours']} µs of `fastpjit.device_get`, against
-  {p['get_jax']} µs for JAX, so ≥3× is out of reach while the shards are read through
-  jaxlib's Python objects. What fastpjit can still save: fetch `x._arrays` once
-  ({p['get_arrays_once']} µs) instead of calling `addressable_data(k)` per tile
-  ({p['get_addressable']} µs for 8, each a Python method that re-checks deletion and builds a
-  new list), take each shard by the buffer protocol (`PyObject_GetBuffer`, {p['get_memoryviews']}
-  µs for 8) rather than `np.asarray` (keeping `host_view` for the dtypes that have no buffer
-  format), and skip `tree_flatten` when the argument is a bare `jax.Array`.
-- **`P()` gets are slower than JAX** ({p['get_p_ours']} against {p['get_p_jax']} µs):
-  `get_host_value` in `rust/bindings/src/transfer.rs` calls `addressable_data(0)`, which
-  builds a single-device array ({p['get_p_addressable']} µs), then `_jax.host_view` on it.
-  JAX calls `_single_device_array_to_np_array_did_copy()` on the replicated array itself
-  ({p['get_p_direct']} µs, the floor) and marks the view read-only. Doing the same from Rust,
-  with an interned method name and no Python wrapper in between, should bring it to about the
-  floor plus the deletion and cache checks.
-- **Large puts are jaxlib's copy into memory that faults in 4 KiB pages.** `perf` shows a put
-  of 256 MiB as `memmove` in XLA's transfer thread plus, about as large, the kernel zeroing
-  new 4 KiB pages (`clear_page_erms` under `do_anonymous_page`): jaxlib allocates each device
-  buffer without asking for huge pages (transparent huge pages are `madvise` here), where
-  numpy does. With numpy's huge pages turned off
-  (`np._core.multiarray._set_madvise_hugepage(False)`), `x.copy()` of 32 MiB slowed from 4–9
-  ms to 41–43 ms, about what a single-device `jax.device_put` of it took then (52 ms).
-  fastpjit passes numpy views to the same call, so it pays exactly what JAX pays, and `P()`
-  pays it 8 times. A prototype that copies each shard into a 64-byte-aligned numpy buffer
-  (huge pages) and hands it over with jaxlib's default ZERO_COPY semantics, so that jaxlib
-  aliases it instead of copying again (one buffer for all 8 devices when replicated), puts
-  256 MiB with `P('x')` in {p['big_put_proto'] / 1e3:.0f} ms against
-  {p['big_put_ours'] / 1e3:.0f} ms (`x.copy()`: {p['big_put_new_copy'] / 1e3:.0f} ms) and with
-  `P()` in {p['big_put_p_proto'] / 1e3:.0f} ms against {p['big_put_p_ours'] / 1e3:,.0f} ms, in
-  Python. Done in Rust, with the copies threaded and the GIL released, that is the way to the
-  floor; the buffers are fastpjit's own, so nothing aliases user memory (only the CPU
-  platform, whose device memory is host memory, can do this).
-- **Large gets pay for the new output's page faults, and for a split over threads that this
-  machine cannot use.** Both sides copy each distinct shard once into a new `np.empty` array;
-  `perf` shows as much time zeroing its new pages as copying.{new_memory}
-  fastpjit splits the copy over `available_parallelism()` threads (2 here), spawned per call
-  while the calling thread waits; on this shared 2-core machine that is slower than one
-  thread: at 32 MiB, `P('x')`, fastpjit took {p['get32_two_cores'][0] / 1e3:.2f} ms against
-  JAX's {p['get32_two_cores'][1] / 1e3:.2f} with both cores, and
-  {p['get32_one_core'][0] / 1e3:.2f} against {p['get32_one_core'][1] / 1e3:.2f} under
-  `taskset -c 1` (`perf stat`: 0.95 CPUs used with two threads, and 4× the context switches).
-  Splitting the copy into small chunks taken from a shared counter, with the calling thread
-  working too, would keep one descheduled thread from holding up the call."""
+  single-device arrays yet; fastpjit builds one per distinct tile with `addressable_data(k)`
+  ({p['get_addressable']} µs for 8) and views each with `np.asarray` ({p['get_asarray_views']}
+  µs for 8), then copies the shards in Rust. The other ways in are slower: `_arrays` builds all
+  8 at once in {p['get_arrays']} µs, and the host-view method that `np.asarray` ends in
+  (`_single_device_array_to_np_array_did_copy`), called directly, took
+  {p['get_method_views'][0]} µs against {p['get_method_views'][1]} through `np.asarray` for 8
+  fresh shards. Against {p['get_jax']} µs for JAX, ≥3× needs a way into shard memory that
+  jaxlib does not give Python.
+- **Large puts write new memory.** fastpjit copies each tile of 16 MiB or more, and any tile
+  that several devices share, into a 64-byte-aligned numpy buffer of its own (numpy asks for
+  huge pages), with threads and the GIL released, and jaxlib adopts the buffer without copying
+  again (only on the CPU, whose device memory is host memory); smaller tiles go to jaxlib as
+  views, as JAX sends them. What stays above the memcpy floor is the new memory's page faults
+  (the *new memory* column): a put must leave its data in memory that the array owns.
+- **Large gets write new memory too.** Both sides copy each distinct shard once into a new
+  `np.empty` array; `perf` shows as much time zeroing its new pages as copying.{new_memory}
+  fastpjit splits the copy over `available_parallelism()` threads (2 here), the calling thread
+  one of them; at 256 MiB, `P('x')`, that took {p['get256_threads'][0] / 1e3:.1f} ms against
+  {p['get256_threads'][1] / 1e3:.1f} ms on one thread (JAX: {p['get256_threads'][2] / 1e3:.1f}
+  ms in the same runs)."""
