@@ -1119,6 +1119,17 @@ def test_grad_vmap_jit_of_a_fastpjit_function():
         assert fallbacks("tracer") - before >= 1  # the call traced JAX's jit
 
 
+def test_vjp_and_jvp_of_a_fastpjit_function():
+    x, t = jnp.arange(8.0), jnp.linspace(0.0, 1.0, 8)
+    ours, theirs = both(sine_sum)
+    out, pullback = jax.vjp(ours, x)
+    expected, expected_pullback = jax.vjp(theirs, x)
+    assert_same_outputs(out, expected)
+    assert_same_outputs(pullback(jnp.float32(2.0)), expected_pullback(jnp.float32(2.0)))
+    assert_same_outputs(jax.jvp(ours, (x,), (t,)), jax.jvp(theirs, (x,), (t,)))
+    assert_same_outputs(jax.linearize(ours, x)[1](t), jax.linearize(theirs, x)[1](t))
+
+
 def test_each_traced_call_counts_one_fallback():
     ours = fastpjit.jit(sine_sum)
     before = fallbacks("tracer")
