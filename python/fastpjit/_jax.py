@@ -37,11 +37,13 @@ IndivisibleError = _sharding.IndivisibleError
 DuplicateSpecError = _named_sharding.DuplicateSpecError
 
 __all__ = [
-    "ARRAY_COMMITTED",
     "ARRAY_HOST_VALUE",
-    "ARRAY_SHARDING",
     "ARRAY_TO_HOST",
     "ArrayImpl",
+    "array_aval",
+    "array_committed",
+    "array_is_deleted",
+    "array_sharding",
     "consume_with_handlers",
     "DuplicateSpecError",
     "flatten_for_dispatch",
@@ -126,10 +128,14 @@ ARRAY_HOST_VALUE = "_npy_value"
 # mesh, say: two meshes of one abstract mesh trace alike). All are C++ objects.
 flatten_for_dispatch = _tree_util.dispatch_registry.flatten
 trace_context = _config.trace_context
-# jaxlib's ArrayImpl keeps its sharding and commitment under these attributes; the public
-# `sharding` and `committed` are Python properties over them, which would run bytecode per leaf.
-ARRAY_SHARDING = "_sharding"
-ARRAY_COMMITTED = "_committed"
+# What the dispatcher reads of every argument, taken from jaxlib's ArrayImpl once and called
+# without an attribute lookup: the getters of its aval, sharding and commitment (the public
+# `sharding` and `committed` are Python properties over the last two, which would run bytecode
+# per argument), and its is_deleted method.
+array_aval = vars(ArrayImpl)["aval"].fget
+array_sharding = vars(ArrayImpl)["_sharding"].fget
+array_committed = vars(ArrayImpl)["_committed"].fget
+array_is_deleted = vars(ArrayImpl)["is_deleted"]
 consume_with_handlers = _jaxlib.ExecuteResults.consume_with_handlers
 jit_key_states = (_config.device_context, _config.optimization_level,
                   _config.memory_fitting_level)

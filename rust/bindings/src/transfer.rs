@@ -539,7 +539,8 @@ unsafe fn array_bytes<'a>(array: &'a Bound<'_, PyUntypedArray>) -> (&'a [u8], St
     )
 }
 
-fn deleted_error(array: &Bound<'_, PyAny>) -> PyResult<PyErr> {
+/// JAX's error for a deleted or donated array.
+pub fn deleted_error(array: &Bound<'_, PyAny>) -> PyResult<PyErr> {
     let py = array.py();
     let shape = array
         .getattr(intern!(py, "aval"))?

@@ -8,7 +8,7 @@ use super::fast::FastLeaf;
 use super::handles::Handles;
 use super::signature::{LeafKind, LeafSignature};
 use crate::stats::count_fallback;
-use crate::transfer::{check_not_deleted, put_host_value};
+use crate::transfer::put_host_value;
 
 pub struct Entry {
     /// The executable's bound `execute_sharded`.
@@ -106,7 +106,7 @@ impl Entry {
         // jaxlib can crash on a deleted or donated input, so every input is checked first.
         if passthrough {
             for leaf in leaves.iter_borrowed() {
-                check_not_deleted(&leaf)?;
+                h.check_not_deleted(&leaf)?;
             }
             return self.run(py, h, leaves.as_any());
         }
@@ -124,11 +124,11 @@ impl Entry {
             let sharding = self.in_shardings[inputs.len()].bind(py);
             inputs.push(match key {
                 FastLeaf::Array { direct: true, .. } => {
-                    check_not_deleted(&leaf)?;
+                    h.check_not_deleted(&leaf)?;
                     leaf
                 }
                 FastLeaf::Array { direct: false, .. } => {
-                    check_not_deleted(&leaf)?;
+                    h.check_not_deleted(&leaf)?;
                     count_moved(kind);
                     h.shard_arg.bind(py).call1((leaf, sharding))?
                 }
@@ -175,7 +175,7 @@ fn prepare_input<'py>(
 ) -> PyResult<Bound<'py, PyAny>> {
     match &key.kind {
         LeafKind::Array { sharding: own, .. } => {
-            check_not_deleted(leaf)?;
+            h.check_not_deleted(leaf)?;
             if own.obj.is(sharding) || own.obj.bind(py).eq(sharding)? {
                 Ok(leaf.clone())
             } else {

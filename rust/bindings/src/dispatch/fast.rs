@@ -240,7 +240,7 @@ impl FastKey {
             }
             PyTuple::new(py, leaves)?
         };
-        let array_type = h.array_impl.bind(py);
+        let array_type = h.array_impl.as_ptr().cast::<pyo3::ffi::PyTypeObject>();
         for (leaf, key) in leaves.iter_borrowed().zip(&self.leaves) {
             let same = match key {
                 FastLeaf::Array {
@@ -249,10 +249,10 @@ impl FastKey {
                     committed,
                     ..
                 } => {
-                    leaf.get_type().is(array_type)
-                        && leaf.getattr(intern!(py, "aval"))?.is(aval)
-                        && leaf.getattr(h.array_sharding.bind(py))?.is(sharding)
-                        && leaf.getattr(h.array_committed.bind(py))?.is_truthy()? == *committed
+                    std::ptr::eq(leaf.get_type_ptr(), array_type)
+                        && h.array_aval.bind(py).call1((&leaf,))?.is(aval)
+                        && h.array_sharding.bind(py).call1((&leaf,))?.is(sharding)
+                        && h.array_committed.bind(py).call1((&leaf,))?.is_truthy()? == *committed
                 }
                 FastLeaf::Numpy { dtype, shape } => match leaf.cast_exact::<PyUntypedArray>() {
                     Ok(array) => array.dtype().is(dtype) && array.shape() == shape.as_slice(),

@@ -3,9 +3,10 @@
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyString, PyTuple, PyType};
+use pyo3::types::{PyTuple, PyType};
 
-use crate::jax::{attribute as get, interned, private, type_attribute as get_type};
+use crate::jax::{attribute as get, private, type_attribute as get_type};
+use crate::transfer::deleted_error;
 
 pub struct Handles {
     trace_context: Py<PyAny>,
@@ -14,10 +15,12 @@ pub struct Handles {
     pub shard_arg: Py<PyAny>,
     /// `ExecuteResults.consume_with_handlers`, unbound.
     pub consume_with_handlers: Py<PyAny>,
-    /// The attribute names under which an array keeps its sharding and commitment (the
-    /// public `sharding` and `committed` are Python properties over them).
-    pub array_sharding: Py<PyString>,
-    pub array_committed: Py<PyString>,
+    /// Getters of a `jaxlib` array's aval, sharding and commitment, and its `is_deleted`,
+    /// called directly (see `fastpjit._jax`).
+    pub array_aval: Py<PyAny>,
+    pub array_sharding: Py<PyAny>,
+    pub array_committed: Py<PyAny>,
+    pub array_is_deleted: Py<PyAny>,
     pub array_impl: Py<PyType>,
     pub ndarray: Py<PyType>,
     pub numpy_scalar: Py<PyType>,
@@ -39,8 +42,10 @@ pub fn handles(py: Python<'_>) -> PyResult<&Handles> {
             flatten: get(jax, "flatten_for_dispatch")?,
             shard_arg: get(jax, "shard_arg")?,
             consume_with_handlers: get(jax, "consume_with_handlers")?,
-            array_sharding: interned(jax, "ARRAY_SHARDING")?,
-            array_committed: interned(jax, "ARRAY_COMMITTED")?,
+            array_aval: get(jax, "array_aval")?,
+            array_sharding: get(jax, "array_sharding")?,
+            array_committed: get(jax, "array_committed")?,
+            array_is_deleted: get(jax, "array_is_deleted")?,
             array_impl: get_type(jax, "ArrayImpl")?,
             ndarray: get_type(&numpy, "ndarray")?,
             numpy_scalar: get_type(&numpy, "generic")?,
@@ -49,6 +54,20 @@ pub fn handles(py: Python<'_>) -> PyResult<&Handles> {
 }
 
 impl Handles {
+    /// Raises JAX's error if `array` (a `jaxlib` array) was deleted or donated.
+    pub fn check_not_deleted(&self, array: &Bound<'_, PyAny>) -> PyResult<()> {
+        let py = array.py();
+        if self
+            .array_is_deleted
+            .bind(py)
+            .call1((array,))?
+            .is_truthy()?
+        {
+            return Err(deleted_error(array)?);
+        }
+        Ok(())
+    }
+
     /// JAX's jit key as one flat tuple: the trace context (x64, meshes in context, ...) and
     /// then the values of the states that only the compile sees.
     pub fn jit_key<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {

@@ -190,8 +190,8 @@ fn leaf_signature(
             shape: shape.cast::<PyTuple>()?.extract()?,
             weak_type: aval.getattr(intern!(py, "weak_type"))?.is_truthy()?,
             kind: LeafKind::Array {
-                sharding: Hashed::new(&leaf.getattr(h.array_sharding.bind(py))?)?,
-                committed: leaf.getattr(h.array_committed.bind(py))?.is_truthy()?,
+                sharding: Hashed::new(&h.array_sharding.bind(py).call1((leaf,))?)?,
+                committed: h.array_committed.bind(py).call1((leaf,))?.is_truthy()?,
                 aval: aval.clone().unbind(),
             },
         }));
