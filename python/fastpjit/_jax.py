@@ -44,6 +44,7 @@ __all__ = [
     "array_committed",
     "array_is_deleted",
     "array_sharding",
+    "config_value",
     "consume_with_handlers",
     "DuplicateSpecError",
     "flatten_for_dispatch",
@@ -139,6 +140,8 @@ array_is_deleted = vars(ArrayImpl)["is_deleted"]
 consume_with_handlers = _jaxlib.ExecuteResults.consume_with_handlers
 jit_key_states = (_config.device_context, _config.optimization_level,
                   _config.memory_fitting_level)
+# The getter of a config state's value, called directly.
+config_value = vars(_jaxlib.config.Config)["value"].fget
 
 
 def jit_static_args(jitted: Any) -> tuple[tuple[int, ...], tuple[str, ...]]:

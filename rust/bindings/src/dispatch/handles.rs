@@ -1,6 +1,5 @@
 //! Python objects that every dispatch needs, fetched once.
 
-use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyTuple, PyType};
@@ -11,6 +10,7 @@ use crate::transfer::deleted_error;
 pub struct Handles {
     trace_context: Py<PyAny>,
     jit_key_states: Vec<Py<PyAny>>,
+    config_value: Py<PyAny>,
     pub flatten: Py<PyAny>,
     pub shard_arg: Py<PyAny>,
     /// `ExecuteResults.consume_with_handlers`, unbound.
@@ -39,6 +39,7 @@ pub fn handles(py: Python<'_>) -> PyResult<&Handles> {
                 .try_iter()?
                 .map(|state| state.map(Bound::unbind))
                 .collect::<PyResult<_>>()?,
+            config_value: get(jax, "config_value")?,
             flatten: get(jax, "flatten_for_dispatch")?,
             shard_arg: get(jax, "shard_arg")?,
             consume_with_handlers: get(jax, "consume_with_handlers")?,
@@ -77,7 +78,7 @@ impl Handles {
             Vec::with_capacity(context.len() + self.jit_key_states.len());
         items.extend(context.iter());
         for state in &self.jit_key_states {
-            items.push(state.bind(py).getattr(intern!(py, "value"))?);
+            items.push(self.config_value.bind(py).call1((state,))?);
         }
         PyTuple::new(py, items)
     }
@@ -97,7 +98,7 @@ impl Handles {
             }
         }
         for state in &self.jit_key_states {
-            let value = state.bind(py).getattr(intern!(py, "value"))?;
+            let value = self.config_value.bind(py).call1((state,))?;
             if stored.next().is_none_or(|s| !s.is(&value)) {
                 return Ok(false);
             }
