@@ -183,7 +183,7 @@ fn leaf_signature(
 ) -> PyResult<Option<LeafSignature>> {
     let kind = leaf.get_type();
     if kind.is(h.array_impl.bind(py)) {
-        let aval = leaf.getattr(intern!(py, "aval"))?;
+        let aval = h.array_aval.bind(py).call1((leaf,))?;
         let shape = aval.getattr(intern!(py, "shape"))?;
         return Ok(Some(LeafSignature {
             dtype: aval.getattr(intern!(py, "dtype"))?.as_ptr() as usize,
