@@ -57,25 +57,12 @@ impl Entry {
         signature: &[LeafSignature],
         kind: &str,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let num_consts = self.const_args.len();
-        let mut inputs: Vec<Bound<'py, PyAny>> = Vec::with_capacity(self.in_shardings.len());
-        for (i, c) in self.const_args.iter().enumerate() {
-            if self.kept[i] {
-                inputs.push(c.bind(py).clone());
-            }
-        }
-        for (j, (leaf, key)) in leaves.iter().zip(signature).enumerate() {
-            if !self.kept[num_consts + j] {
-                continue;
-            }
-            let sharding = self.in_shardings[inputs.len()].bind(py);
-            inputs.push(prepare_input(py, h, leaf, key, sharding, kind)?);
-        }
-        self.run(py, h, PyTuple::new(py, inputs)?.as_any())
+        let inputs = self.inputs(py, leaves.iter().zip(signature), |(leaf, key), sharding| {
+            prepare_input(py, h, leaf, key, sharding, kind)
+        })?;
+        self.run(py, h, inputs.as_any())
     }
-}
 
-impl Entry {
     /// The executable's input sharding for flat argument `j`, if it takes that argument.
     pub fn in_sharding_of_arg(&self, py: Python<'_>, j: usize) -> Option<Py<PyAny>> {
         let num_consts = self.const_args.len();
@@ -110,19 +97,8 @@ impl Entry {
             }
             return self.run(py, h, leaves.as_any());
         }
-        let num_consts = self.const_args.len();
-        let mut inputs: Vec<Bound<'py, PyAny>> = Vec::with_capacity(self.in_shardings.len());
-        for (i, c) in self.const_args.iter().enumerate() {
-            if self.kept[i] {
-                inputs.push(c.bind(py).clone());
-            }
-        }
-        for (j, (leaf, key)) in leaves.iter().zip(keys).enumerate() {
-            if !self.kept[num_consts + j] {
-                continue;
-            }
-            let sharding = self.in_shardings[inputs.len()].bind(py);
-            inputs.push(match key {
+        let inputs = self.inputs(py, leaves.iter().zip(keys), |(leaf, key), sharding| {
+            Ok(match key {
                 FastLeaf::Array { direct: true, .. } => {
                     h.check_not_deleted(&leaf)?;
                     leaf
@@ -133,9 +109,33 @@ impl Entry {
                     h.shard_arg.bind(py).call1((leaf, sharding))?
                 }
                 FastLeaf::Numpy { .. } => put_host_value(&leaf, sharding, false)?,
-            });
+            })
+        })?;
+        self.run(py, h, inputs.as_any())
+    }
+
+    /// The executable's inputs: the kept constants, then each kept argument as `prepare`
+    /// makes it for its input sharding.
+    fn inputs<'py, A>(
+        &self,
+        py: Python<'py>,
+        args: impl Iterator<Item = A>,
+        mut prepare: impl FnMut(A, &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        let num_consts = self.const_args.len();
+        let mut inputs: Vec<Bound<'py, PyAny>> = Vec::with_capacity(self.in_shardings.len());
+        for (i, c) in self.const_args.iter().enumerate() {
+            if self.kept[i] {
+                inputs.push(c.bind(py).clone());
+            }
         }
-        self.run(py, h, PyTuple::new(py, inputs)?.as_any())
+        for (j, arg) in args.enumerate() {
+            if self.kept[num_consts + j] {
+                let sharding = self.in_shardings[inputs.len()].bind(py);
+                inputs.push(prepare(arg, sharding)?);
+            }
+        }
+        PyTuple::new(py, inputs)
     }
 
     fn run<'py>(
