@@ -63,13 +63,41 @@ impl Entry {
         self.run(py, h, inputs.as_any())
     }
 
-    /// The executable's input sharding for flat argument `j`, if it takes that argument.
-    pub fn in_sharding_of_arg(&self, py: Python<'_>, j: usize) -> Option<Py<PyAny>> {
+    /// Takes, for each argument whose sharding (in `signature`) equals the executable's input
+    /// sharding, the argument's sharding object in its place, so that later calls with arrays
+    /// of that sharding (JAX shares sharding objects among arrays) match it by identity.
+    pub fn adopt_equal_shardings(
+        &mut self,
+        py: Python<'_>,
+        signature: &[LeafSignature],
+    ) -> PyResult<()> {
+        for (j, key) in signature.iter().enumerate() {
+            let LeafKind::Array { sharding, .. } = &key.kind else {
+                continue;
+            };
+            let Some(position) = self.input_position(j) else {
+                continue;
+            };
+            let own = &mut self.in_shardings[position];
+            if !own.is(&sharding.obj) && own.bind(py).eq(sharding.obj.bind(py))? {
+                *own = sharding.obj.clone_ref(py);
+            }
+        }
+        Ok(())
+    }
+
+    /// The position among the executable's inputs of flat argument `j`, if it takes it.
+    fn input_position(&self, j: usize) -> Option<usize> {
         let num_consts = self.const_args.len();
         if !self.kept.get(num_consts + j).copied().unwrap_or(false) {
             return None;
         }
-        let position = self.kept[..num_consts + j].iter().filter(|&&k| k).count();
+        Some(self.kept[..num_consts + j].iter().filter(|&&k| k).count())
+    }
+
+    /// The executable's input sharding for flat argument `j`, if it takes that argument.
+    pub fn in_sharding_of_arg(&self, py: Python<'_>, j: usize) -> Option<Py<PyAny>> {
+        let position = self.input_position(j)?;
         self.in_shardings.get(position).map(|s| s.clone_ref(py))
     }
 

@@ -5,10 +5,12 @@
 //! same commitment, each numpy leaf has the same dtype and shape, and JAX's jit key is
 //! unchanged item by item.
 
+use std::hash::{Hash, Hasher};
+
 use numpy::{PyArrayDescr, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyTuple};
+use pyo3::types::{PyBool, PyComplex, PyDict, PyFloat, PyInt, PyList, PyTuple};
 
 use super::entry::Entry;
 use super::handles::Handles;
@@ -109,6 +111,104 @@ impl Structure {
             }
         }
     }
+}
+
+impl Structure {
+    /// A call `(args, kwargs)` flattened in Rust: its structure and leaves, when every leaf is
+    /// a value that JAX's pytree registry can only hold as a leaf (a `jaxlib` array, a numpy
+    /// array or scalar, a Python scalar); None when JAX's registry must flatten it.
+    pub fn flatten_call<'py>(
+        h: &Handles,
+        args: &Bound<'py, PyTuple>,
+        kwargs: &Bound<'py, PyDict>,
+    ) -> PyResult<Option<(Self, Vec<Bound<'py, PyAny>>)>> {
+        let py = args.py();
+        let call = PyTuple::new(py, [args.as_any(), kwargs.as_any()])?;
+        let Some(structure) = Self::of(call.as_any())? else {
+            return Ok(None);
+        };
+        let mut leaves = Vec::new();
+        if !structure.flatten(call.as_any(), &mut leaves)? {
+            return Ok(None);
+        }
+        for leaf in &leaves {
+            if !is_plain_leaf(h, leaf)? {
+                return Ok(None);
+            }
+        }
+        Ok(Some((structure, leaves)))
+    }
+
+    /// A hash of the structure, dict keys by their Python hash.
+    pub fn key_hash(&self, py: Python<'_>, hasher: &mut impl Hasher) -> PyResult<()> {
+        match self {
+            Self::Leaf => 0u8.hash(hasher),
+            Self::Nothing => 1u8.hash(hasher),
+            Self::Tuple(children) | Self::List(children) => {
+                u8::from(matches!(self, Self::Tuple(_))).hash(hasher);
+                children.len().hash(hasher);
+                for child in children {
+                    child.key_hash(py, hasher)?;
+                }
+            }
+            Self::Dict(entries) => {
+                4u8.hash(hasher);
+                entries.len().hash(hasher);
+                for (key, child) in entries {
+                    key.bind(py).hash()?.hash(hasher);
+                    child.key_hash(py, hasher)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether two structures are the same tree (dict keys by identity, then equality).
+    pub fn same(&self, py: Python<'_>, other: &Self) -> PyResult<bool> {
+        let all_same = |a: &[Self], b: &[Self]| -> PyResult<bool> {
+            if a.len() != b.len() {
+                return Ok(false);
+            }
+            for (x, y) in a.iter().zip(b) {
+                if !x.same(py, y)? {
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        };
+        match (self, other) {
+            (Self::Leaf, Self::Leaf) | (Self::Nothing, Self::Nothing) => Ok(true),
+            (Self::Tuple(a), Self::Tuple(b)) | (Self::List(a), Self::List(b)) => all_same(a, b),
+            (Self::Dict(a), Self::Dict(b)) => {
+                if a.len() != b.len() {
+                    return Ok(false);
+                }
+                for ((ka, sa), (kb, sb)) in a.iter().zip(b) {
+                    // As in JAX's treedefs, keys compare by equality.
+                    let same_key = ka.is(kb) || ka.bind(py).eq(kb.bind(py))?;
+                    if !same_key || !sa.same(py, sb)? {
+                        return Ok(false);
+                    }
+                }
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+}
+
+/// Whether JAX's pytree registry can only hold `leaf` as a leaf: exact `jaxlib` arrays and
+/// numpy arrays, numpy scalars, and Python scalars of the exact builtin types.
+fn is_plain_leaf(h: &Handles, leaf: &Bound<'_, PyAny>) -> PyResult<bool> {
+    let py = leaf.py();
+    let kind = leaf.get_type_ptr();
+    Ok(std::ptr::eq(kind, h.array_impl.as_ptr().cast())
+        || std::ptr::eq(kind, h.ndarray.as_ptr().cast())
+        || leaf.is_instance(h.numpy_scalar.bind(py))?
+        || leaf.is_exact_instance_of::<PyBool>()
+        || leaf.is_exact_instance_of::<PyInt>()
+        || leaf.is_exact_instance_of::<PyFloat>()
+        || leaf.is_exact_instance_of::<PyComplex>())
 }
 
 fn flatten_all<'py>(

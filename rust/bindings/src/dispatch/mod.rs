@@ -17,9 +17,9 @@ use pyo3::PyTraverseError;
 
 use crate::stats::{count, count_fallback, Counter};
 use entry::Entry;
-use fast::FastKey;
+use fast::{FastKey, Structure};
 use handles::handles;
-use signature::{Signature, Unkeyable};
+use signature::{Hashed, Signature, Tree, Unkeyable};
 
 /// A cached executable under its key.
 struct Cached {
@@ -284,28 +284,33 @@ impl JitFunction {
             }
         }
         let call = self.split(py, args, kwargs)?;
-        let (leaves, treedef): (Bound<'py, PyList>, Bound<'py, PyAny>) = h
-            .flatten
-            .bind(py)
-            .call1(((call.args, call.kwargs),))?
-            .extract()?;
-        let leaves: Vec<Bound<'py, PyAny>> = leaves.iter().collect();
-        let signature =
-            match Signature::new(py, h, &call.statics, &treedef, &leaves, positional_only)? {
-                Ok(signature) => signature,
-                Err(reason) => {
-                    let why = match reason {
-                        Unkeyable::Leaf => {
-                            "an argument is a tracer or not an array; JAX runs the call"
-                        }
-                        Unkeyable::UnhashableStatic => {
-                            "a static argument has no hash; JAX runs the call"
-                        }
-                    };
-                    count_fallback(&format!("{}: {why}", self.kind));
-                    return Self::callable(py, self.fallback.as_ref())?.call(args, kwargs);
-                }
-            };
+        let (leaves, tree) = if let Some((structure, leaves)) =
+            Structure::flatten_call(h, &call.args, &call.kwargs)?
+        {
+            (leaves, Tree::Rust(structure))
+        } else {
+            // Custom pytree nodes (and unusual leaves): JAX's registry flattens the call.
+            let (leaves, treedef): (Bound<'py, PyList>, Bound<'py, PyAny>) = h
+                .flatten
+                .bind(py)
+                .call1(((&call.args, &call.kwargs),))?
+                .extract()?;
+            (leaves.iter().collect(), Tree::Jax(Hashed::new(&treedef)?))
+        };
+        let signature = match Signature::new(py, h, &call.statics, tree, &leaves, positional_only)?
+        {
+            Ok(signature) => signature,
+            Err(reason) => {
+                let why = match reason {
+                    Unkeyable::Leaf => "an argument is a tracer or not an array; JAX runs the call",
+                    Unkeyable::UnhashableStatic => {
+                        "a static argument has no hash; JAX runs the call"
+                    }
+                };
+                count_fallback(&format!("{}: {why}", self.kind));
+                return Self::callable(py, self.fallback.as_ref())?.call(args, kwargs);
+            }
+        };
         if let Some(cached) = self.lookup(py, &signature)? {
             count(Counter::CacheHit);
             self.set_latest(py, &cached, &signature, args, &leaves)?;
@@ -339,10 +344,9 @@ impl JitFunction {
             // Another thread missed on the same key meanwhile and cached its executable.
             self.set_latest(py, &cached, &signature, args, &leaves)?;
         } else {
-            let cached = Arc::new(Cached {
-                entry: Entry::from_miss(&entry)?,
-                signature,
-            });
+            let mut entry = Entry::from_miss(&entry)?;
+            entry.adopt_equal_shardings(py, &signature.leaves)?;
+            let cached = Arc::new(Cached { signature, entry });
             self.set_latest(py, &cached, &cached.signature, args, &leaves)?;
             self.lock().insert(cached, self.capacity);
         }

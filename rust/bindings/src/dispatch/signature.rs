@@ -6,8 +6,11 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyComplex, PyFloat, PyInt, PyTuple};
 use std::hash::{Hash, Hasher};
+use std::sync::Arc;
 
+use super::fast::Structure;
 use super::handles::Handles;
+use crate::cache::BoundedCache;
 
 /// A Python object compared by identity first, then by `==`, with its Python hash.
 pub struct Hashed {
@@ -29,6 +32,26 @@ impl Hashed {
         }
         Ok(self.hash == other.hash && self.obj.bind(py).eq(other.obj.bind(py))?)
     }
+}
+
+/// The hashes of sharding objects by identity (held, so the identity stays valid): JAX's
+/// shardings hash in Python, and an array's sharding object is shared by many arrays.
+static SHARDING_HASHES: BoundedCache<usize, Arc<(Py<PyAny>, isize)>> = BoundedCache::new(1024);
+
+/// A sharding as a key, its hash computed once per sharding object.
+fn sharding_key(sharding: &Bound<'_, PyAny>) -> PyResult<Hashed> {
+    let id = sharding.as_ptr() as usize;
+    let hash = if let Some(entry) = SHARDING_HASHES.get(&id) {
+        entry.1
+    } else {
+        let hash = sharding.hash()?;
+        SHARDING_HASHES.insert(id, Arc::new((sharding.clone().unbind(), hash)));
+        hash
+    };
+    Ok(Hashed {
+        obj: sharding.clone().unbind(),
+        hash,
+    })
 }
 
 /// How one flattened argument enters the executable.
@@ -54,10 +77,37 @@ pub struct LeafSignature {
     pub weak_type: bool,
 }
 
+/// The tree of a call's dynamic arguments: as Rust flattened it (builtin containers around
+/// plain leaves), or as JAX's pytree registry did (a `PyTreeDef`).
+pub enum Tree {
+    Rust(Structure),
+    Jax(Hashed),
+}
+
+impl Tree {
+    fn hash_into(&self, py: Python<'_>, hasher: &mut impl Hasher) -> PyResult<()> {
+        match self {
+            Self::Rust(structure) => structure.key_hash(py, hasher),
+            Self::Jax(treedef) => {
+                treedef.hash.hash(hasher);
+                Ok(())
+            }
+        }
+    }
+
+    fn matches(&self, py: Python<'_>, other: &Self) -> PyResult<bool> {
+        match (self, other) {
+            (Self::Rust(a), Self::Rust(b)) => a.same(py, b),
+            (Self::Jax(a), Self::Jax(b)) => a.matches(py, b),
+            _ => Ok(false),
+        }
+    }
+}
+
 /// The whole key of one call.
 pub struct Signature {
     pub statics: Vec<Hashed>,
-    pub treedef: Hashed,
+    pub tree: Tree,
     pub leaves: Vec<LeafSignature>,
     pub context: Hashed,
     pub hash: u64,
@@ -74,14 +124,14 @@ pub enum Unkeyable {
 }
 
 impl Signature {
-    /// Keys a call whose dynamic leaves are `leaves`, with tree `treedef` and static arguments
+    /// Keys a call whose dynamic leaves are `leaves`, with tree `tree` and static arguments
     /// `statics`; `positional_only` says the call had no keywords and no static arguments.
     /// `Err(Unkeyable)` for calls that JAX must run.
     pub fn new(
         py: Python<'_>,
         h: &Handles,
         statics: &[Bound<'_, PyAny>],
-        treedef: &Bound<'_, PyAny>,
+        tree: Tree,
         leaves: &[Bound<'_, PyAny>],
         positional_only: bool,
     ) -> PyResult<Result<Self, Unkeyable>> {
@@ -96,8 +146,7 @@ impl Signature {
                 Err(_) => return Ok(Err(Unkeyable::UnhashableStatic)),
             }
         }
-        let treedef = Hashed::new(treedef)?;
-        treedef.hash.hash(&mut hasher);
+        tree.hash_into(py, &mut hasher)?;
         let context = Hashed::new(h.jit_key(py)?.as_any())?;
         context.hash.hash(&mut hasher);
         let mut keys = Vec::with_capacity(leaves.len());
@@ -121,7 +170,7 @@ impl Signature {
         }
         Ok(Ok(Self {
             statics: static_keys,
-            treedef,
+            tree,
             leaves: keys,
             context,
             hash: hasher.finish(),
@@ -168,10 +217,7 @@ impl Signature {
                 return Ok(false);
             }
         }
-        Ok(
-            self.treedef.matches(py, &other.treedef)?
-                && self.context.matches(py, &other.context)?,
-        )
+        Ok(self.tree.matches(py, &other.tree)? && self.context.matches(py, &other.context)?)
     }
 }
 
@@ -190,7 +236,7 @@ fn leaf_signature(
             shape: shape.cast::<PyTuple>()?.extract()?,
             weak_type: aval.getattr(intern!(py, "weak_type"))?.is_truthy()?,
             kind: LeafKind::Array {
-                sharding: Hashed::new(&h.array_sharding.bind(py).call1((leaf,))?)?,
+                sharding: sharding_key(&h.array_sharding.bind(py).call1((leaf,))?)?,
                 committed: h.array_committed.bind(py).call1((leaf,))?.is_truthy()?,
                 aval: aval.clone().unbind(),
             },
