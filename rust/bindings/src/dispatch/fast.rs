@@ -1,8 +1,8 @@
 //! The identity check that lets a repeated call skip keying. A call of positional arguments
-//! only, built of tuples, lists, dicts and None around `jax.Array` and numpy leaves, is
-//! flattened here in Rust against the structure of the latest keyed call; it is that call
-//! again when each array leaf carries the very aval and sharding objects it carried, with the
-//! same commitment, each numpy leaf has the same dtype and shape, and JAX's jit key is
+//! only is flattened against the latest keyed call's tree (builtin tuples, lists, dicts and
+//! None in Rust; custom pytree nodes by JAX's registry, whose tree must then be equal); it is
+//! that call again when each array leaf carries the very aval and sharding objects it carried,
+//! with the same commitment, each numpy leaf has the same dtype and shape, and JAX's jit key is
 //! unchanged item by item.
 
 use std::hash::{Hash, Hasher};
@@ -14,7 +14,7 @@ use pyo3::types::{PyBool, PyComplex, PyDict, PyFloat, PyInt, PyList, PyTuple};
 
 use super::entry::Entry;
 use super::handles::Handles;
-use super::signature::{LeafKind, Signature};
+use super::signature::{LeafKind, Signature, Tree};
 
 /// The containers that Rust flattens as JAX's pytree registry does: exact tuples, lists and
 /// dicts (whose leaves come in the order of their sorted keys), and None, which has no leaves.
@@ -241,11 +241,18 @@ pub enum FastLeaf {
     },
 }
 
+/// How a repeat of the call is flattened.
+enum Shape {
+    /// The positional arguments are the leaves themselves.
+    Flat,
+    /// Builtin containers, flattened in Rust; the structure of the positional arguments.
+    Rust(Structure),
+    /// Custom pytree nodes: JAX's registry flattens `(args, {})`, whose tree must be this one.
+    Jax(Py<PyAny>),
+}
+
 pub struct FastKey {
-    /// The positional arguments, as one tuple.
-    structure: Structure,
-    /// Whether the positional arguments are the leaves themselves.
-    flat: bool,
+    shape: Shape,
     pub leaves: Vec<FastLeaf>,
     /// Whether every leaf is an array that the executable takes as it is.
     pub passthrough: bool,
@@ -269,16 +276,27 @@ impl FastKey {
         let Ok(context) = signature.context.obj.bind(py).cast::<PyTuple>() else {
             return Ok(None);
         };
-        let Some(structure) = Structure::of(args.as_any())? else {
-            return Ok(None);
+        let rust = match Structure::of(args.as_any())? {
+            Some(structure) => {
+                let mut leaves = Vec::with_capacity(jax_leaves.len());
+                let same = structure.flatten(args.as_any(), &mut leaves)?
+                    && leaves.len() == jax_leaves.len()
+                    && leaves.iter().zip(jax_leaves).all(|(a, b)| a.is(b));
+                same.then_some(structure)
+            }
+            None => None,
         };
-        let mut leaves = Vec::with_capacity(jax_leaves.len());
-        if !structure.flatten(args.as_any(), &mut leaves)?
-            || leaves.len() != jax_leaves.len()
-            || leaves.iter().zip(jax_leaves).any(|(a, b)| !a.is(b))
-        {
-            return Ok(None);
-        }
+        let shape = match (rust, &signature.tree) {
+            (Some(Structure::Tuple(children)), _)
+                if children.iter().all(|c| matches!(c, Structure::Leaf)) =>
+            {
+                Shape::Flat
+            }
+            (Some(structure), _) => Shape::Rust(structure),
+            (None, Tree::Jax(treedef)) => Shape::Jax(treedef.obj.clone_ref(py)),
+            (None, Tree::Rust(_)) => return Ok(None),
+        };
+        let leaves = jax_leaves;
         let mut fast_leaves = Vec::with_capacity(leaves.len());
         for (j, (leaf, key)) in leaves.iter().zip(&signature.leaves).enumerate() {
             fast_leaves.push(match &key.kind {
@@ -306,15 +324,12 @@ impl FastKey {
                 LeafKind::Scalar => return Ok(None),
             });
         }
-        let flat = matches!(&structure, Structure::Tuple(children)
-            if children.iter().all(|c| matches!(c, Structure::Leaf)));
         let passthrough = entry.takes_args_as_given()
             && fast_leaves
                 .iter()
                 .all(|leaf| matches!(leaf, FastLeaf::Array { direct: true, .. }));
         Ok(Some(Self {
-            structure,
-            flat,
+            shape,
             passthrough,
             leaves: fast_leaves,
             context: context.clone().unbind(),
@@ -328,17 +343,31 @@ impl FastKey {
         h: &Handles,
         args: &Bound<'py, PyTuple>,
     ) -> PyResult<Option<Bound<'py, PyTuple>>> {
-        let leaves = if self.flat {
-            if args.len() != self.leaves.len() {
-                return Ok(None);
+        let leaves = match &self.shape {
+            Shape::Flat => {
+                if args.len() != self.leaves.len() {
+                    return Ok(None);
+                }
+                args.clone()
             }
-            args.clone()
-        } else {
-            let mut leaves = Vec::with_capacity(self.leaves.len());
-            if !self.structure.flatten(args.as_any(), &mut leaves)? {
-                return Ok(None);
+            Shape::Rust(structure) => {
+                let mut leaves = Vec::with_capacity(self.leaves.len());
+                if !structure.flatten(args.as_any(), &mut leaves)? {
+                    return Ok(None);
+                }
+                PyTuple::new(py, leaves)?
             }
-            PyTuple::new(py, leaves)?
+            Shape::Jax(expected) => {
+                let (leaves, treedef): (Bound<'py, PyList>, Bound<'py, PyAny>) = h
+                    .flatten
+                    .bind(py)
+                    .call1(((args, PyDict::new(py)),))?
+                    .extract()?;
+                if !treedef.eq(expected.bind(py))? || leaves.len() != self.leaves.len() {
+                    return Ok(None);
+                }
+                leaves.to_tuple()
+            }
         };
         let array_type = h.array_impl.as_ptr().cast::<pyo3::ffi::PyTypeObject>();
         for (leaf, key) in leaves.iter_borrowed().zip(&self.leaves) {
