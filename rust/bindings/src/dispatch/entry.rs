@@ -21,6 +21,8 @@ pub struct Entry {
     out_handlers: Py<PyList>,
     /// Whether each of `[const args..., flat args...]` is an executable input.
     kept: Vec<bool>,
+    /// The position among the executable's inputs of each flat argument it takes.
+    positions: Vec<Option<usize>>,
     const_args: Vec<Py<PyAny>>,
 }
 
@@ -37,6 +39,20 @@ impl Entry {
         let py = entry.py();
         let leaf_count: usize = out_treedef.getattr(intern!(py, "num_leaves"))?.extract()?;
         let node_count: usize = out_treedef.getattr(intern!(py, "num_nodes"))?.extract()?;
+        let mut taken = kept[..const_args.len().min(kept.len())]
+            .iter()
+            .filter(|&&k| k)
+            .count();
+        let positions = kept
+            .iter()
+            .skip(const_args.len())
+            .map(|&k| {
+                k.then(|| {
+                    taken += 1;
+                    taken - 1
+                })
+            })
+            .collect();
         Ok(Self {
             execute_sharded: executable.getattr(intern!(py, "execute_sharded"))?.unbind(),
             single_output: leaf_count == 1 && node_count == 1,
@@ -44,6 +60,7 @@ impl Entry {
             in_shardings,
             out_handlers: out_handlers.unbind(),
             kept,
+            positions,
             const_args,
         })
     }
@@ -88,11 +105,7 @@ impl Entry {
 
     /// The position among the executable's inputs of flat argument `j`, if it takes it.
     fn input_position(&self, j: usize) -> Option<usize> {
-        let num_consts = self.const_args.len();
-        if !self.kept.get(num_consts + j).copied().unwrap_or(false) {
-            return None;
-        }
-        Some(self.kept[..num_consts + j].iter().filter(|&&k| k).count())
+        self.positions.get(j).copied().flatten()
     }
 
     /// The executable's input sharding for flat argument `j`, if it takes that argument.

@@ -6,6 +6,7 @@
 //! unchanged item by item.
 
 use std::hash::{Hash, Hasher};
+use std::sync::Arc;
 
 use numpy::{PyArrayDescr, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::intern;
@@ -139,6 +140,14 @@ impl Structure {
         Ok(Some((structure, leaves)))
     }
 
+    /// The structure of the positional arguments, in the structure of a call `(args, kwargs)`.
+    pub fn call_args(&self) -> Option<&Self> {
+        match self {
+            Self::Tuple(parts) if parts.len() == 2 => parts.first(),
+            _ => None,
+        }
+    }
+
     /// A hash of the structure, dict keys by their Python hash.
     pub fn key_hash(&self, py: Python<'_>, hasher: &mut impl Hasher) -> PyResult<()> {
         match self {
@@ -245,8 +254,8 @@ pub enum FastLeaf {
 enum Shape {
     /// The positional arguments are the leaves themselves.
     Flat,
-    /// Builtin containers, flattened in Rust; the structure of the positional arguments.
-    Rust(Structure),
+    /// Builtin containers, flattened in Rust; the structure of the call `(args, kwargs)`.
+    Rust(Arc<Structure>),
     /// Custom pytree nodes: JAX's registry flattens `(args, {})`, whose tree must be this one.
     Jax(Py<PyAny>),
 }
@@ -276,23 +285,34 @@ impl FastKey {
         let Ok(context) = signature.context.obj.bind(py).cast::<PyTuple>() else {
             return Ok(None);
         };
-        let rust = match Structure::of(args.as_any())? {
-            Some(structure) => {
-                let mut leaves = Vec::with_capacity(jax_leaves.len());
-                let same = structure.flatten(args.as_any(), &mut leaves)?
-                    && leaves.len() == jax_leaves.len()
-                    && leaves.iter().zip(jax_leaves).all(|(a, b)| a.is(b));
-                same.then_some(structure)
-            }
-            None => None,
+        let call = match &signature.tree {
+            // The call was flattened in Rust: its structure is the one to repeat.
+            Tree::Rust(call) => Some(call.clone()),
+            // JAX's registry flattened it (for its leaves or nodes); builtin containers around
+            // leaves that JAX also found are still flattened in Rust on a repeat.
+            Tree::Jax(_) => match Structure::of(args.as_any())? {
+                Some(structure) => {
+                    let mut leaves = Vec::with_capacity(jax_leaves.len());
+                    let same = structure.flatten(args.as_any(), &mut leaves)?
+                        && leaves.len() == jax_leaves.len()
+                        && leaves.iter().zip(jax_leaves).all(|(a, b)| a.is(b));
+                    same.then(|| {
+                        Arc::new(Structure::Tuple(vec![structure, Structure::Dict(vec![])]))
+                    })
+                }
+                None => None,
+            },
         };
-        let shape = match (rust, &signature.tree) {
-            (Some(Structure::Tuple(children)), _)
-                if children.iter().all(|c| matches!(c, Structure::Leaf)) =>
-            {
-                Shape::Flat
-            }
-            (Some(structure), _) => Shape::Rust(structure),
+        let shape = match (call, &signature.tree) {
+            (Some(call), _) => match call.call_args() {
+                Some(Structure::Tuple(children))
+                    if children.iter().all(|c| matches!(c, Structure::Leaf)) =>
+                {
+                    Shape::Flat
+                }
+                Some(_) => Shape::Rust(call),
+                None => return Ok(None),
+            },
             (None, Tree::Jax(treedef)) => Shape::Jax(treedef.obj.clone_ref(py)),
             (None, Tree::Rust(_)) => return Ok(None),
         };
@@ -350,8 +370,11 @@ impl FastKey {
                 }
                 args.clone()
             }
-            Shape::Rust(structure) => {
+            Shape::Rust(call) => {
                 let mut leaves = Vec::with_capacity(self.leaves.len());
+                let Some(structure) = call.call_args() else {
+                    return Ok(None);
+                };
                 if !structure.flatten(args.as_any(), &mut leaves)? {
                     return Ok(None);
                 }

@@ -287,7 +287,7 @@ impl JitFunction {
         let (leaves, tree) = if let Some((structure, leaves)) =
             Structure::flatten_call(h, &call.args, &call.kwargs)?
         {
-            (leaves, Tree::Rust(structure))
+            (leaves, Tree::Rust(Arc::new(structure)))
         } else {
             // Custom pytree nodes (and unusual leaves): JAX's registry flattens the call.
             let (leaves, treedef): (Bound<'py, PyList>, Bound<'py, PyAny>) = h

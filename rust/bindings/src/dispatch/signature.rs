@@ -80,7 +80,7 @@ pub struct LeafSignature {
 /// The tree of a call's dynamic arguments: as Rust flattened it (builtin containers around
 /// plain leaves), or as JAX's pytree registry did (a `PyTreeDef`).
 pub enum Tree {
-    Rust(Structure),
+    Rust(Arc<Structure>),
     Jax(Hashed),
 }
 
