@@ -269,13 +269,12 @@ pub struct FastKey {
 }
 
 impl FastKey {
-    /// The fast key of a call of positional `args` keyed by `signature`, whose leaves JAX
-    /// flattened to `jax_leaves`; None if a repeat cannot be recognised by identity.
-    /// `entry` runs the call.
+    /// The fast key of a call of positional `args` keyed by `signature`, whose flat leaves are
+    /// `leaves`; None if a repeat cannot be recognised by identity. `entry` runs the call.
     pub fn new(
         py: Python<'_>,
         args: &Bound<'_, PyTuple>,
-        jax_leaves: &[Bound<'_, PyAny>],
+        leaves: &[Bound<'_, PyAny>],
         signature: &Signature,
         entry: &Entry,
     ) -> PyResult<Option<Self>> {
@@ -292,10 +291,10 @@ impl FastKey {
             // leaves that JAX also found are still flattened in Rust on a repeat.
             Tree::Jax(_) => match Structure::of(args.as_any())? {
                 Some(structure) => {
-                    let mut leaves = Vec::with_capacity(jax_leaves.len());
-                    let same = structure.flatten(args.as_any(), &mut leaves)?
-                        && leaves.len() == jax_leaves.len()
-                        && leaves.iter().zip(jax_leaves).all(|(a, b)| a.is(b));
+                    let mut ours = Vec::with_capacity(leaves.len());
+                    let same = structure.flatten(args.as_any(), &mut ours)?
+                        && ours.len() == leaves.len()
+                        && ours.iter().zip(leaves).all(|(a, b)| a.is(b));
                     same.then(|| {
                         Arc::new(Structure::Tuple(vec![structure, Structure::Dict(vec![])]))
                     })
@@ -316,7 +315,6 @@ impl FastKey {
             (None, Tree::Jax(treedef)) => Shape::Jax(treedef.obj.clone_ref(py)),
             (None, Tree::Rust(_)) => return Ok(None),
         };
-        let leaves = jax_leaves;
         let mut fast_leaves = Vec::with_capacity(leaves.len());
         for (j, (leaf, key)) in leaves.iter().zip(&signature.leaves).enumerate() {
             fast_leaves.push(match &key.kind {
