@@ -43,6 +43,7 @@ __all__ = [
     "ARRAY_HOST_VALUE",
     "array_is_deleted",
     "array_sharding",
+    "array_single_device_arrays",
     "ARRAY_TO_HOST",
     "ArrayImpl",
     "backend_compiles",
@@ -126,6 +127,9 @@ def copy_to_host_async(single: Any) -> None:
 # `(value, did_copy)`; and the attribute where np.asarray caches an array's host value.
 ARRAY_TO_HOST = "_single_device_array_to_np_array_did_copy"
 ARRAY_HOST_VALUE = "_npy_value"
+# The getter of an array's single-device arrays, one per addressable device in the order of
+# its device assignment; jaxlib builds them on first use, all at once, and keeps them.
+array_single_device_arrays = vars(ArrayImpl)["_arrays"].fget
 
 
 # jit: the cache miss that JAX's own C++ dispatcher would run, and what a hit needs.

@@ -5,6 +5,7 @@ mod dispatch;
 mod errors;
 mod index_maps;
 mod jax;
+mod shard_buffer;
 mod sharding;
 mod stats;
 mod transfer;

@@ -14,6 +14,7 @@ use pyo3::types::{PyBool, PyComplex, PyFloat, PyInt, PyList, PySlice, PyString, 
 use crate::cache::BoundedCache;
 use crate::index_maps::indexed_devices;
 use crate::jax::{attribute as get, interned, private, type_attribute as get_type};
+use crate::shard_buffer::ShardBuffer;
 use crate::stats::count_fallback;
 
 /// Python callables and types that the shard path uses, fetched once.
@@ -23,6 +24,12 @@ struct Handles {
     canonical_dtype: Py<PyAny>,
     python_scalar_dtype: Py<PyAny>,
     copy_to_host_async: Py<PyAny>,
+    /// jaxlib's `ArrayImpl`, and getters and methods of it called without an attribute lookup.
+    array_impl: Py<PyType>,
+    array_aval: Py<PyAny>,
+    array_sharding: Py<PyAny>,
+    array_is_deleted: Py<PyAny>,
+    single_device_arrays: Py<PyAny>,
     /// Attribute names of jaxlib's `ArrayImpl` (see `fastpjit._jax`).
     to_host: Py<PyString>,
     host_value: Py<PyString>,
@@ -50,6 +57,11 @@ fn handles(py: Python<'_>) -> PyResult<&Handles> {
             canonical_dtype: get(jax, "canonical_dtype")?,
             python_scalar_dtype: get(jax, "python_scalar_dtype")?,
             copy_to_host_async: get(jax, "copy_to_host_async")?,
+            array_impl: get_type(jax, "ArrayImpl")?,
+            array_aval: get(jax, "array_aval")?,
+            array_sharding: get(jax, "array_sharding")?,
+            array_is_deleted: get(jax, "array_is_deleted")?,
+            single_device_arrays: get(jax, "array_single_device_arrays")?,
             to_host: interned(jax, "ARRAY_TO_HOST")?,
             host_value: interned(jax, "ARRAY_HOST_VALUE")?,
             asarray: get(&numpy, "asarray")?,
@@ -441,16 +453,26 @@ fn aligned_empty<'py>(shape: &[usize], dtype: &Bound<'py, PyAny>) -> PyResult<Bo
         .call_method1(intern!(py, "reshape"), (PyTuple::new(py, shape)?,))
 }
 
-/// For each distinct tile that this process holds: the position of its first holder among the
-/// addressable devices, and its bounds.
+/// A distinct tile of a sharded array, read from its first holder.
+struct Tile {
+    /// The holder's position among the addressable devices (its index in `_arrays`).
+    first_holder: usize,
+    bounds: Vec<(usize, usize)>,
+    shape: Vec<usize>,
+}
+
+/// How `device_get` reads arrays of one sharding and shape.
 struct GetPlan {
     _pinned: Py<PyAny>,
-    tiles: Vec<(usize, Vec<(usize, usize)>)>,
+    /// Whether every device holds the whole array (the sharding's `is_fully_replicated`).
+    fully_replicated: bool,
+    tiles: Vec<Tile>,
     /// Whether the addressable devices hold every tile (always, unless multi-process).
     complete: bool,
-    /// Whether device-to-host copies are worth starting early (not on the CPU, where the
-    /// device memory is host memory).
-    prefetch: bool,
+    /// Whether the shards live in host memory (CPU devices), where jaxlib lends their bytes
+    /// through the buffer protocol; elsewhere each must be copied to the host, and those
+    /// copies are worth starting early.
+    on_cpu: bool,
 }
 
 static GET_PLANS: BoundedCache<(usize, Vec<usize>), Arc<GetPlan>> = BoundedCache::new(512);
@@ -460,25 +482,34 @@ fn get_plan(sharding: &Bound<'_, PyAny>, shape: &[usize]) -> PyResult<Arc<GetPla
     if let Some(plan) = GET_PLANS.get(&key) {
         return Ok(plan);
     }
+    let py = sharding.py();
     let (map, devices) = indexed_devices(sharding, shape, true)?;
     let mut seen = vec![false; map.num_tiles()];
     let mut tiles = Vec::new();
     // `indexed_devices` keeps device-assignment order, so position k is `_arrays[k]`.
     for (k, device) in devices.iter().enumerate() {
         if !std::mem::replace(&mut seen[device.tile], true) {
-            tiles.push((k, map.tile_bounds(device.tile).collect()));
+            let bounds: Vec<(usize, usize)> = map.tile_bounds(device.tile).collect();
+            tiles.push(Tile {
+                first_holder: k,
+                shape: bounds.iter().map(|&(start, stop)| stop - start).collect(),
+                bounds,
+            });
         }
     }
     let platform = match devices.first() {
         Some(first) => first
             .device
-            .getattr(intern!(sharding.py(), "platform"))?
+            .getattr(intern!(py, "platform"))?
             .extract::<String>()?,
         None => String::new(),
     };
     let plan = Arc::new(GetPlan {
         _pinned: sharding.clone().unbind(),
-        prefetch: platform != "cpu",
+        fully_replicated: sharding
+            .getattr(intern!(py, "is_fully_replicated"))?
+            .is_truthy()?,
+        on_cpu: platform == "cpu",
         complete: seen.iter().all(|&s| s),
         tiles,
     });
@@ -500,14 +531,26 @@ fn copy_threads() -> usize {
 /// The slice borrows the array's memory: the caller keeps `array` alive, and nothing may
 /// resize it, while the slice is used.
 unsafe fn array_bytes<'a>(array: &'a Bound<'_, PyUntypedArray>) -> (&'a [u8], StridedView) {
-    let itemsize = array.dtype().itemsize();
-    let shape = array.shape().to_vec();
-    let strides = array.strides().to_vec();
-    let data = (*array.as_array_ptr())
-        .fields
-        .data
-        .cast::<u8>()
-        .cast_const();
+    let data = (*array.as_array_ptr()).fields.data.cast::<u8>();
+    strided_bytes(
+        data,
+        array.shape().to_vec(),
+        array.strides().to_vec(),
+        array.dtype().itemsize(),
+    )
+}
+
+/// The bytes that an array at `data` of `shape` and byte `strides` spans, and a strided view
+/// over them.
+///
+/// # Safety
+/// That memory stays alive and unchanged while the slice is used.
+pub unsafe fn strided_bytes<'a>(
+    data: *const u8,
+    shape: Vec<usize>,
+    strides: Vec<isize>,
+    itemsize: usize,
+) -> (&'a [u8], StridedView) {
     if shape.contains(&0) {
         return (
             &[],
@@ -550,24 +593,17 @@ pub fn deleted_error(array: &Bound<'_, PyAny>) -> PyResult<PyErr> {
     )))
 }
 
-/// Raises JAX's `RuntimeError` if `array` (a `jax.Array`) was deleted or donated.
-pub fn check_not_deleted(array: &Bound<'_, PyAny>) -> PyResult<()> {
-    if array
-        .call_method0(intern!(array.py(), "is_deleted"))?
-        .is_truthy()?
-    {
-        return Err(deleted_error(array)?);
-    }
-    Ok(())
-}
-
 /// The numpy value of a jax.Array, equal to `np.asarray(x)`; other values come back as
 /// `jax.device_get` gives them: converted by their `__array__` (numpy scalars become 0-d
 /// arrays), or as given.
 pub fn get_host_value<'py>(x: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
     let py = x.py();
     let h = handles(py)?;
-    if !x.is_instance(h.jax_array.bind(py))? {
+    if !x.get_type().is(h.array_impl.bind(py)) {
+        if x.is_instance(h.jax_array.bind(py))? {
+            count_fallback("device_get: a jax.Array other than jaxlib's fetched by JAX");
+            return h.jax_device_get.bind(py).call1((x,));
+        }
         if x.get_type().is(h.ndarray.bind(py)) {
             return Ok(x.clone());
         }
@@ -576,39 +612,33 @@ pub fn get_host_value<'py>(x: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>>
             None => Ok(x.clone()),
         };
     }
-    check_not_deleted(x)?;
-    let dtype = x.getattr(intern!(py, "dtype"))?;
-    match dtype.cast::<PyArrayDescr>() {
+    if h.array_is_deleted.bind(py).call1((x,))?.is_truthy()? {
+        return Err(deleted_error(x)?);
+    }
+    let aval = h.array_aval.bind(py).call1((x,))?;
+    let dtype = aval.getattr(intern!(py, "dtype"))?;
+    let descr = match dtype.cast::<PyArrayDescr>() {
         // Byte copies are only right for plain data: JAX converts extended dtypes (PRNG keys)
         // by their own rule, and StringDType items point into their array's own storage.
-        Ok(descr) if !descr.has_object() => {}
+        Ok(descr) if !descr.has_object() => descr,
         _ => {
             count_fallback("device_get: a key or string array fetched by JAX");
             return h.jax_device_get.bind(py).call1((x,));
         }
-    }
+    };
     let cached = x.getattr(h.host_value.bind(py))?;
     if !cached.is_none() {
         return Ok(cached);
     }
-    if x.getattr(intern!(py, "is_fully_replicated"))?.is_truthy()? {
-        // JAX hands back a read-only view of one replica, uncached.
+    let shape: Vec<usize> = aval.getattr(intern!(py, "shape"))?.extract()?;
+    if shape.contains(&0) {
+        return empty_host_value(h, x, &shape, descr);
+    }
+    let sharding = h.array_sharding.bind(py).call1((x,))?;
+    let plan = get_plan(&sharding, &shape)?;
+    if plan.fully_replicated {
         return host_view(h, x);
     }
-    let sharding = x.getattr(intern!(py, "sharding"))?;
-    let shape: Vec<usize> = x.getattr(intern!(py, "shape"))?.extract()?;
-    if shape.contains(&0) {
-        // Nothing to copy; XLA may even give the shards of an empty array the global shape.
-        let out = h
-            .empty
-            .bind(py)
-            .call1((PyTuple::new(py, &shape)?, &dtype))?;
-        out.getattr(intern!(py, "flags"))?
-            .setattr(intern!(py, "writeable"), false)?;
-        x.setattr(h.host_value.bind(py), &out)?;
-        return Ok(out);
-    }
-    let plan = get_plan(&sharding, &shape)?;
     if !plan.complete {
         return Err(PyRuntimeError::new_err(
             "Fetching value for `jax.Array` that spans non-addressable (non process local) \
@@ -618,66 +648,169 @@ pub fn get_host_value<'py>(x: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>>
              local) shards.",
         ));
     }
-    // Only the first holder of each distinct tile is read, as one single-device array each.
-    let sources: Vec<Bound<'py, PyAny>> = plan
+    let out = assemble_shards(h, x, &plan, &shape, descr)?;
+    x.setattr(h.host_value.bind(py), &out)?;
+    Ok(out)
+}
+
+/// A shard's bytes: lent by jaxlib through the buffer protocol, or a numpy view (or host
+/// copy) of it made as `np.asarray` makes one.
+enum ShardBytes<'py> {
+    Lent(ShardBuffer),
+    Viewed(Bound<'py, PyUntypedArray>),
+}
+
+/// Copies the first holder's shard of each distinct tile into one new read-only array.
+fn assemble_shards<'py>(
+    h: &Handles,
+    x: &Bound<'py, PyAny>,
+    plan: &GetPlan,
+    shape: &[usize],
+    descr: &Bound<'py, PyArrayDescr>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let py = x.py();
+    // One call builds every single-device array (jaxlib keeps them in `x`).
+    let singles = h.single_device_arrays.bind(py).call1((x,))?;
+    let sources = plan
         .tiles
         .iter()
-        .map(|(k, _)| x.call_method1(intern!(py, "addressable_data"), (*k,)))
-        .collect::<PyResult<_>>()?;
-    if plan.prefetch {
+        .map(|tile| singles.get_item(tile.first_holder))
+        .collect::<PyResult<Vec<_>>>()?;
+    if !plan.on_cpu {
         // Start every device-to-host copy before waiting on the first.
         for single in &sources {
             h.copy_to_host_async.bind(py).call1((single,))?;
         }
     }
-    // np.asarray of a single-device array is faster than its host-view method called
-    // directly (measured: 36 against 60 µs for 8 fresh (1, 4) shards).
-    let views = sources
-        .iter()
-        .map(|single| {
-            Ok(h.asarray
-                .bind(py)
-                .call1((single,))?
-                .cast_into::<PyUntypedArray>()?)
-        })
-        .collect::<PyResult<Vec<_>>>()?;
-    let out = h
-        .empty
-        .bind(py)
-        .call1((PyTuple::new(py, &shape)?, &dtype))?;
-    let out_array = out.cast::<PyUntypedArray>()?;
-    let itemsize = out_array.dtype().itemsize();
-    let nbytes = out_array.len() * itemsize;
-    // SAFETY: `views` and `out` stay alive and unshared until the copies finish; `out` is a
-    // fresh C-ordered array of `nbytes` bytes.
-    let placements = views
+    let itemsize = descr.itemsize();
+    let lendable = plan.on_cpu && has_plain_bytes(descr);
+    let shards = sources
         .iter()
         .zip(&plan.tiles)
-        .map(|(view, (_, bounds))| {
-            let (src, view) = unsafe { array_bytes(view) };
+        .map(|(single, tile)| {
+            if lendable {
+                if let Some(buffer) = ShardBuffer::get(single, &tile.shape, itemsize) {
+                    return Ok(ShardBytes::Lent(buffer));
+                }
+            }
+            let view = h.asarray.bind(py).call1((single,))?;
+            Ok(ShardBytes::Viewed(view.cast_into::<PyUntypedArray>()?))
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    let out = new_array(shape, descr)?;
+    let nbytes = out.len() * itemsize;
+    // SAFETY: `shards` (each holding its shard's memory) and `out` stay alive and unshared
+    // until the copies finish; `out` is a fresh C-ordered array of `nbytes` bytes.
+    let placements = shards
+        .iter()
+        .zip(&plan.tiles)
+        .map(|(shard, tile)| {
+            let (src, view) = match shard {
+                ShardBytes::Lent(buffer) => buffer.bytes(),
+                ShardBytes::Viewed(view) => unsafe { array_bytes(view) },
+            };
             Placement {
                 src,
                 view,
-                bounds: bounds.clone(),
+                bounds: tile.bounds.clone(),
             }
         })
         .collect::<Vec<_>>();
     let dst = unsafe {
-        std::slice::from_raw_parts_mut((*out_array.as_array_ptr()).fields.data.cast::<u8>(), nbytes)
+        std::slice::from_raw_parts_mut((*out.as_array_ptr()).fields.data.cast::<u8>(), nbytes)
     };
-    let threads = copy_threads();
-    py.detach(|| assemble(dst, &shape, itemsize, &placements, threads))
+    let run = |dst: &mut [u8]| assemble(dst, shape, itemsize, &placements, copy_threads());
+    // Handing the GIL over costs more than copying a small array.
+    let copied = if nbytes >= DETACH_BYTES {
+        py.detach(|| run(dst))
+    } else {
+        run(dst)
+    };
+    copied
         .map_err(|e| PyRuntimeError::new_err(format!("assembling the host value failed: {e}")))?;
-    out.getattr(intern!(py, "flags"))?
-        .setattr(intern!(py, "writeable"), false)?;
-    x.setattr(h.host_value.bind(py), &out)?;
-    Ok(out)
+    drop(placements);
+    drop(shards);
+    set_read_only(&out);
+    Ok(out.into_any())
 }
 
-/// A host view (a copy where the platform needs one) of a single-device or fully replicated
-/// array: the value of its first addressable shard.
+/// Bytes of host copies from which `device_get` releases the GIL.
+const DETACH_BYTES: usize = 64 << 10;
+
+/// Whether `descr` is one of numpy's own numeric types (bool, integers, floats, complex),
+/// whose bytes jaxlib lends as they are; extension types such as bfloat16 or int4 are read
+/// as JAX reads them.
+fn has_plain_bytes(descr: &Bound<'_, PyArrayDescr>) -> bool {
+    use numpy::npyffi::NPY_TYPES;
+    let num = descr.num();
+    (num >= NPY_TYPES::NPY_BOOL as i32 && num <= NPY_TYPES::NPY_CDOUBLE as i32)
+        || num == NPY_TYPES::NPY_HALF as i32
+}
+
+/// A new C-ordered array of `shape` and `descr`, uninitialised, as `np.empty` makes it.
+fn new_array<'py>(
+    shape: &[usize],
+    descr: &Bound<'py, PyArrayDescr>,
+) -> PyResult<Bound<'py, PyUntypedArray>> {
+    let py = descr.py();
+    let mut dims = shape
+        .iter()
+        .map(|&d| numpy::npyffi::npy_intp::try_from(d))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|_| PyOverflowError::new_err("array dimension too large"))?;
+    let ndim = std::ffi::c_int::try_from(dims.len())
+        .map_err(|_| PyValueError::new_err("too many dimensions"))?;
+    // SAFETY: PyArray_Empty steals the descr reference that `into_dtype_ptr` adds, and reads
+    // `ndim` dimensions.
+    let ptr = unsafe {
+        numpy::PY_ARRAY_API.PyArray_Empty(
+            py,
+            ndim,
+            dims.as_mut_ptr(),
+            descr.clone().into_dtype_ptr(),
+            0,
+        )
+    };
+    // SAFETY: a new reference, or null with a Python error set.
+    let array = unsafe { Bound::from_owned_ptr_or_err(py, ptr)? };
+    Ok(array.cast_into::<PyUntypedArray>()?)
+}
+
+/// Clears an array's writeable flag, as `a.flags.writeable = False` does.
+fn set_read_only(array: &Bound<'_, PyUntypedArray>) {
+    // SAFETY: clearing WRITEABLE is always allowed (PyArray_CLEARFLAGS).
+    unsafe { (*array.as_array_ptr()).fields.flags &= !numpy::npyffi::NPY_ARRAY_WRITEABLE };
+}
+
+/// The value of an empty array: nothing to copy, and XLA may even give its shards the global
+/// shape.
+fn empty_host_value<'py>(
+    h: &Handles,
+    x: &Bound<'py, PyAny>,
+    shape: &[usize],
+    descr: &Bound<'py, PyArrayDescr>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let py = x.py();
+    if x.getattr(intern!(py, "is_fully_replicated"))?.is_truthy()? {
+        return host_view(h, x);
+    }
+    let out = new_array(shape, descr)?;
+    set_read_only(&out);
+    x.setattr(h.host_value.bind(py), &out)?;
+    Ok(out.into_any())
+}
+
+/// The value of a single-device or fully replicated array, as JAX gives it: a read-only host
+/// view of its first shard, kept in the array only where the platform had to copy it.
 fn host_view<'py>(h: &Handles, array: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-    array.call_method0(h.to_host.bind(array.py()))?.get_item(0)
+    let py = array.py();
+    let (value, did_copy): (Bound<'py, PyAny>, bool) =
+        array.call_method0(h.to_host.bind(py))?.extract()?;
+    set_read_only(value.cast::<PyUntypedArray>()?);
+    if did_copy {
+        array.setattr(h.host_value.bind(py), &value)?;
+    }
+    Ok(value)
 }
 
 /// `fastpjit.device_get` for one leaf.
