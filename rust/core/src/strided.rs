@@ -44,6 +44,17 @@ impl StridedView {
 
     /// The sub-block `[start, stop)` of each dimension.
     pub fn block(&self, bounds: &[(usize, usize)]) -> Result<Self, CopyError> {
+        let mut block = Self {
+            offset: 0,
+            shape: Vec::with_capacity(bounds.len()),
+            strides: Vec::new(),
+        };
+        self.block_into(bounds, &mut block)?;
+        Ok(block)
+    }
+
+    /// `block`, written over `out` so that its vectors are reused.
+    fn block_into(&self, bounds: &[(usize, usize)], out: &mut Self) -> Result<(), CopyError> {
         if bounds.len() != self.shape.len() {
             return Err(CopyError(format!(
                 "a block of rank {} taken from a view of rank {}",
@@ -52,7 +63,7 @@ impl StridedView {
             )));
         }
         let mut offset = self.offset as isize;
-        let mut shape = Vec::with_capacity(bounds.len());
+        out.shape.clear();
         for ((&(start, stop), &size), &stride) in bounds.iter().zip(&self.shape).zip(&self.strides)
         {
             if start > stop || stop > size {
@@ -61,15 +72,12 @@ impl StridedView {
                 )));
             }
             offset += start as isize * stride;
-            shape.push(stop - start);
+            out.shape.push(stop - start);
         }
-        let offset = usize::try_from(offset)
+        out.offset = usize::try_from(offset)
             .map_err(|_| CopyError("a block starts before its buffer".to_owned()))?;
-        Ok(Self {
-            offset,
-            shape,
-            strides: self.strides.clone(),
-        })
+        out.strides.clone_from(&self.strides);
+        Ok(())
     }
 
     pub fn num_elements(&self) -> usize {
@@ -106,11 +114,17 @@ impl StridedView {
 }
 
 /// Dimensions merged where both views step through them contiguously; size-1 dims dropped.
-/// Returns `(shape, src_strides, dst_strides)`.
-fn coalesce(src: &StridedView, dst: &StridedView) -> (Vec<usize>, Vec<isize>, Vec<isize>) {
-    let mut shape: Vec<usize> = Vec::new();
-    let mut s: Vec<isize> = Vec::new();
-    let mut d: Vec<isize> = Vec::new();
+/// Written into `shape`, `s` and `d` (the source's and destination's strides).
+fn coalesce(
+    src: &StridedView,
+    dst: &StridedView,
+    shape: &mut Vec<usize>,
+    s: &mut Vec<isize>,
+    d: &mut Vec<isize>,
+) {
+    shape.clear();
+    s.clear();
+    d.clear();
     for axis in 0..src.shape.len() {
         let (size, ss, ds) = (src.shape[axis], src.strides[axis], dst.strides[axis]);
         if size == 1 {
@@ -130,7 +144,6 @@ fn coalesce(src: &StridedView, dst: &StridedView) -> (Vec<usize>, Vec<isize>, Ve
         s.push(ss);
         d.push(ds);
     }
-    (shape, s, d)
 }
 
 /// Bytes above which a copy is split over threads.
@@ -145,6 +158,25 @@ fn plan(
     dst_view: &StridedView,
     itemsize: usize,
 ) -> Result<Plan, CopyError> {
+    let mut plan = Plan::default();
+    plan_into(
+        &mut plan,
+        &mut Vec::new(),
+        (src_len, src_view),
+        (dst_len, dst_view),
+        itemsize,
+    )?;
+    Ok(plan)
+}
+
+/// `plan`, written over `out` (and `scratch`) so that their vectors are reused.
+fn plan_into(
+    out: &mut Plan,
+    scratch: &mut Vec<(usize, usize)>,
+    (src_len, src_view): (usize, &StridedView),
+    (dst_len, dst_view): (usize, &StridedView),
+    itemsize: usize,
+) -> Result<(), CopyError> {
     if src_view.shape != dst_view.shape {
         return Err(CopyError(format!(
             "cannot copy a view of shape {:?} into one of shape {:?}",
@@ -153,19 +185,21 @@ fn plan(
     }
     src_view.check_within(src_len, itemsize, "source")?;
     dst_view.check_within(dst_len, itemsize, "destination")?;
-    let (shape, src_strides, dst_strides) = coalesce(src_view, dst_view);
-    if src_view.num_elements() > 0 {
-        check_no_self_overlap(&shape, &dst_strides, itemsize)?;
+    coalesce(
+        src_view,
+        dst_view,
+        &mut out.shape,
+        &mut out.src_strides,
+        &mut out.dst_strides,
+    );
+    out.elements = src_view.num_elements();
+    if out.elements > 0 {
+        check_no_self_overlap(&out.shape, &out.dst_strides, itemsize, scratch)?;
     }
-    Ok(Plan {
-        shape,
-        src_strides,
-        dst_strides,
-        itemsize,
-        src_offset: src_view.offset,
-        dst_offset: dst_view.offset,
-        elements: src_view.num_elements(),
-    })
+    out.itemsize = itemsize;
+    out.src_offset = src_view.offset;
+    out.dst_offset = dst_view.offset;
+    Ok(())
 }
 
 /// Copies the elements of `src_view` over `src` into `dst_view` over `dst`.
@@ -227,7 +261,8 @@ pub struct Placement<'a> {
 /// Copies every placement into its block of `dst`, a C-ordered array of `shape`.
 ///
 /// Blocks must not overlap (checked). Large work is spread over up to `max_threads` threads:
-/// whole shards per thread when there are several, rows of the one shard otherwise.
+/// whole shards per thread when there are several, rows of the one shard otherwise. On an
+/// error, `dst` may be partly written.
 pub fn assemble(
     dst: &mut [u8],
     shape: &[usize],
@@ -254,6 +289,31 @@ pub fn assemble(
             max_threads,
         );
     }
+    let total: usize = placements
+        .iter()
+        .map(|p| p.view.num_elements() * itemsize)
+        .sum();
+    if total < PARALLEL_BYTES {
+        // One thread: each shard is checked and copied in turn, reusing one plan's memory
+        // (small arrays of many shards would otherwise spend longer allocating than copying).
+        let mut block = StridedView::contiguous(&[], itemsize);
+        let mut plan = Plan::default();
+        let mut scratch = Vec::new();
+        for p in placements {
+            whole.block_into(&p.bounds, &mut block)?;
+            plan_into(
+                &mut plan,
+                &mut scratch,
+                (p.src.len(), &p.view),
+                (dst.len(), &block),
+                itemsize,
+            )?;
+            let outer = plan.shape.first().copied().unwrap_or(1);
+            // SAFETY: the plan was checked against both buffers, and the blocks are disjoint.
+            unsafe { plan.run(p.src.as_ptr(), dst.as_mut_ptr(), 0..outer) };
+        }
+        return Ok(());
+    }
     let plans = placements
         .iter()
         .map(|p| {
@@ -266,12 +326,7 @@ pub fn assemble(
             )
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let total: usize = plans.iter().map(Plan::bytes).sum();
-    let threads = if total >= PARALLEL_BYTES {
-        max_threads.clamp(1, 16).min(plans.len())
-    } else {
-        1
-    };
+    let threads = max_threads.clamp(1, 16).min(plans.len());
     let dst_ptr = SendPtr(dst.as_mut_ptr());
     let sources: Vec<SendPtr> = placements
         .iter()
@@ -323,16 +378,19 @@ fn check_no_self_overlap(
     shape: &[usize],
     strides: &[isize],
     itemsize: usize,
+    dims: &mut Vec<(usize, usize)>,
 ) -> Result<(), CopyError> {
     // Sorted by stride magnitude, each stride must clear the whole extent of the smaller ones.
-    let mut dims: Vec<(usize, usize)> = shape
-        .iter()
-        .zip(strides)
-        .map(|(&n, &s)| (s.unsigned_abs(), n))
-        .collect();
+    dims.clear();
+    dims.extend(
+        shape
+            .iter()
+            .zip(strides)
+            .map(|(&n, &s)| (s.unsigned_abs(), n)),
+    );
     dims.sort_unstable();
     let mut reach = itemsize;
-    for (stride, size) in dims {
+    for &(stride, size) in dims.iter() {
         if stride < reach {
             return Err(CopyError(
                 "the destination view writes some bytes more than once".to_owned(),
@@ -357,6 +415,7 @@ impl SendPtr {
 }
 
 /// A checked copy between two coalesced views, relative to their buffers' starts.
+#[derive(Default)]
 struct Plan {
     shape: Vec<usize>,
     src_strides: Vec<isize>,
@@ -399,7 +458,15 @@ impl Plan {
             std::ptr::copy_nonoverlapping(src, dst, run_bytes);
             return;
         }
-        let mut counter = vec![0usize; loop_dims];
+        // Most arrays have few dimensions: their odometer lives on the stack.
+        let mut on_stack = [0usize; 8];
+        let mut on_heap = Vec::new();
+        let counter: &mut [usize] = if loop_dims <= on_stack.len() {
+            &mut on_stack[..loop_dims]
+        } else {
+            on_heap.resize(loop_dims, 0);
+            &mut on_heap
+        };
         counter[0] = outer.start;
         let mut s = src.offset(outer.start as isize * self.src_strides[0]);
         let mut d = dst.offset(outer.start as isize * self.dst_strides[0]);
