@@ -97,11 +97,14 @@ def device_get(x: Any) -> Any:
     Rust, into one preallocated array; other values come back as JAX gives them (unchanged,
     or through their `__array__`).
     """
+    if type(x) is _jax.ArrayImpl:
+        # A bare array needs no tree, and JAX fetches concrete arrays alike under a trace.
+        return _core.device_get_leaf(x)
     if _jax.tracing():
         # Tracers come back as they are, as in JAX.
         return _fallback_get("device_get: under a JAX trace", x)
     if isinstance(x, jax.Array):
-        return _core.device_get_leaf(x)  # a bare array needs no tree
+        return _core.device_get_leaf(x)
     leaves, treedef = jax.tree_util.tree_flatten(x)
     return jax.tree_util.tree_unflatten(treedef, [_core.device_get_leaf(leaf) for leaf in leaves])
 
