@@ -10,7 +10,12 @@ def test_version_matches_the_native_module():
 
 def test_stats_start_empty_and_count_fallbacks():
     fastpjit.reset_stats()
-    assert fastpjit.stats() == {"cache_hits": 0, "cache_misses": 0, "compiles": 0, "fallbacks": {}}
+    stats = fastpjit.stats()
+    pool = stats.pop("host_pool")
+    assert stats == {"cache_hits": 0, "cache_misses": 0, "compiles": 0, "fallbacks": {}}
+    # The host pool's counters restart; its idle memory stays.
+    assert (pool["hits"], pool["misses"]) == (0, 0) and pool["limit"] == 1 << 30
+    assert 0 <= pool["idle_bytes"] <= pool["limit"]
     fastpjit._core.count_fallback("test reason")
     fastpjit._core.count_fallback("test reason")
     assert fastpjit.stats()["fallbacks"] == {"test reason": 2}

@@ -882,8 +882,9 @@ def test_large_puts_onto_shared_tiles_match_jax(spec, offset):
 @pytest.mark.parametrize("spec", [P("x"), P(None, "x")])
 @pytest.mark.parametrize("offset", [0, 16])
 def test_large_puts_of_large_tiles_match_jax(spec, offset):
-    # 32 MiB over 2 devices: tiles of 16 MiB, which are staged even when no device shares
-    # them (unless adoptable as they are: the contiguous rows of P('x') at offset 0).
+    # 32 MiB over 2 devices: tiles of 16 MiB, which are staged in pooled host memory even
+    # when no device shares them (unless adoptable as they are: the contiguous rows of P('x')
+    # at offset 0).
     sharding = NamedSharding(Mesh(np.array(jax.devices()[:2]), ("x",)), spec)
     x = _at_offset((4096, 2048), np.float32, offset)
     ours, ref = fastpjit.device_put(x, sharding), jax.device_put(x, sharding)
@@ -891,3 +892,85 @@ def test_large_puts_of_large_tiles_match_jax(spec, offset):
     assert_get_matches(ours, x)
     x[...] = 0  # the device copies are the device's own
     np.testing.assert_array_equal(np.asarray(ours), np.asarray(ref))
+
+
+# --- The host pool: reused memory for large transfers -------------------------------------
+
+
+@pytest.fixture
+def host_pool_limit():
+    """Sets the pool's limit for one test, and puts the default (1 GiB) back after it."""
+    default = fastpjit.stats()["host_pool"]["limit"]
+    yield fastpjit.set_host_pool_limit
+    fastpjit.set_host_pool_limit(default)
+
+
+def test_large_gets_reuse_host_memory_and_stay_writeable_on_request():
+    s = NamedSharding(MESH_2x4, P("x", "y"))
+    x = _at_offset((1024, 1024), np.float32, 16)  # 4 MiB
+    fastpjit.reset_stats()
+    for _ in range(4):
+        a, ref = fastpjit.device_put(x, s), jax.device_put(x, s)
+        got = assert_get_matches(a, ref)
+        # As on JAX's value, a caller may make it writeable again, and writes stay in it.
+        expected = np.asarray(ref)
+        expected.flags.writeable = True
+        got.flags.writeable = True
+        got[0, :3] = expected[0, :3] = -1
+        assert host_bytes(got) == host_bytes(expected) and np.asarray(a) is got
+        del a, got
+    pool = fastpjit.stats()["host_pool"]
+    assert pool["hits"] >= 3, pool
+
+
+def test_pooled_memory_is_never_shared_by_live_values():
+    s = NamedSharding(MESH_2x4, P("x"))
+    xs = [_at_offset((1024, 1024), np.float32, 16) + i for i in range(3)]
+    live, values = [], []
+    for i in range(12):
+        x = xs[i % 3]
+        a = fastpjit.device_put(x, s)
+        if i % 2:  # every other one dies at once, its memory free for the next
+            del a
+            continue
+        live.append((a, x))
+        values.append((fastpjit.device_get(a), x))
+    for a, x in live:
+        assert shard_values(a) == shard_values(jax.device_put(x, s))
+    for got, x in values:
+        assert host_bytes(got) == host_bytes(x)
+
+
+def test_idle_host_memory_stays_within_its_limit(host_pool_limit):
+    host_pool_limit(8 << 20)
+    s = NamedSharding(MESH_2x4, P())
+    for rows in (256, 512, 1024, 1536, 2048):  # 1 to 8 MiB
+        x = _at_offset((rows, 1024), np.float32, 16)
+        got = fastpjit.device_get(fastpjit.device_put(x, s))
+        assert host_bytes(got) == host_bytes(x)
+        del got
+        pool = fastpjit.stats()["host_pool"]
+        assert pool["idle_bytes"] <= 8 << 20, pool
+    host_pool_limit(0)
+    pool = fastpjit.stats()["host_pool"]
+    assert (pool["idle_blocks"], pool["idle_bytes"], pool["limit"]) == (0, 0, 0)
+
+
+def test_no_memory_growth_over_many_large_puts_and_gets(host_pool_limit):
+    host_pool_limit(64 << 20)
+    shardings = [NamedSharding(MESH_2x4, P("x")), NamedSharding(MESH_2x4, P("x", "y")),
+                 NamedSharding(MESH_2x4, P())]
+    x = _at_offset((1024, 2048), np.float32, 16)  # 8 MiB
+
+    def round_trips(n):
+        for i in range(n):
+            got = fastpjit.device_get(fastpjit.device_put(x, shardings[i % 3]))
+            assert got.shape == x.shape
+
+    round_trips(30)
+    gc.collect()
+    before = _rss_bytes()
+    round_trips(300)
+    gc.collect()
+    growth = _rss_bytes() - before
+    assert growth < 64 * 2**20, f"RSS grew {growth / 2**20:.1f} MiB over 300 8 MiB round trips"

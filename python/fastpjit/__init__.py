@@ -6,7 +6,7 @@ the shard and unshard work done in Rust.
 
 from __future__ import annotations
 
-from fastpjit._core import __version__, reset_stats, stats
+from fastpjit._core import __version__, reset_stats, set_host_pool_limit, stats
 from fastpjit.errors import DuplicateSpecError, IndivisibleError, ShardingRankError
 from fastpjit.jit import jit, pjit
 from fastpjit.pmap import pmap
@@ -36,6 +36,7 @@ __all__ = [
     "pjit",
     "pmap",
     "reset_stats",
+    "set_host_pool_limit",
     "shard_shape",
     "stats",
 ]

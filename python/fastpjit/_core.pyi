@@ -19,6 +19,7 @@ __all__ = [
     "devices_indices_map",
     "indices_array",
     "reset_stats",
+    "set_host_pool_limit",
     "shard_shape",
     "stats",
     "transfer_cache_sizes",
@@ -27,6 +28,7 @@ __version__: str
 
 def stats() -> dict[str, Any]: ...
 def reset_stats() -> None: ...
+def set_host_pool_limit(nbytes: int) -> None: ...
 def count_fallback(reason: str) -> None: ...
 def devices_indices_map(
     sharding: Any, global_shape: Sequence[int]

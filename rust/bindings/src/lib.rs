@@ -3,6 +3,7 @@
 mod cache;
 mod dispatch;
 mod errors;
+mod host_memory;
 mod index_maps;
 mod jax;
 mod shard_buffer;
@@ -30,6 +31,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(transfer::device_put_leaf, m)?)?;
     m.add_function(wrap_pyfunction!(transfer::device_get_leaf, m)?)?;
     m.add_function(wrap_pyfunction!(transfer::transfer_cache_sizes, m)?)?;
+    m.add_function(wrap_pyfunction!(host_memory::set_host_pool_limit, m)?)?;
     m.add_class::<dispatch::JitFunction>()?;
     Ok(())
 }

@@ -37,7 +37,8 @@ pub fn count_fallback(reason: &str) {
     *fallbacks.entry(reason.to_owned()).or_default() += 1;
 }
 
-/// A snapshot of every counter: `{"cache_hits", "cache_misses", "compiles", "fallbacks": {reason: n}}`.
+/// A snapshot of every counter: `{"cache_hits", "cache_misses", "compiles", "fallbacks":
+/// {reason: n}, "host_pool": {...}}`.
 #[pyfunction]
 pub fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let out = PyDict::new(py);
@@ -53,6 +54,7 @@ pub fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
         fallbacks.set_item(reason, n)?;
     }
     out.set_item("fallbacks", fallbacks)?;
+    out.set_item("host_pool", crate::host_memory::host_pool_stats(py)?)?;
     Ok(out)
 }
 
@@ -66,6 +68,7 @@ pub fn reset_stats() {
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .clear();
+    crate::host_memory::reset_host_pool_counters();
 }
 
 /// Counts a fallback from Python code paths (`fastpjit.stats()["fallbacks"][reason]`).

@@ -12,6 +12,7 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyComplex, PyFloat, PyInt, PyList, PySlice, PyString, PyTuple, PyType};
 
 use crate::cache::BoundedCache;
+use crate::host_memory::{empty_array, POOLED_BYTES};
 use crate::index_maps::indexed_devices;
 use crate::jax::{attribute as get, interned, private, type_attribute as get_type};
 use crate::shard_buffer::ShardBuffer;
@@ -120,9 +121,10 @@ struct PutPlan {
     staging: Option<Staging>,
 }
 
-/// Large host values bound for CPU devices that share tiles are copied, once per distinct tile,
-/// into fresh 64-byte-aligned buffers that jaxlib then adopts without copying again; handed
-/// the user's array instead, jaxlib copies each tile once for every device that holds it.
+/// Large host values bound for CPU devices are copied, once per distinct tile, into 64-byte-
+/// aligned buffers of our own (from the host pool when large) that jaxlib then adopts without
+/// copying again. Handed the user's array instead, jaxlib copies each tile once for every
+/// device that holds it, on one thread, into memory of its own.
 struct Staging {
     /// Whether some devices hold the same tile.
     shared_tiles: bool,
@@ -134,12 +136,11 @@ struct Staging {
 
 impl Staging {
     /// Whether staging `nbytes` beats jaxlib's own copies: where devices share tiles, jaxlib
-    /// copies a tile once per holder, where staging copies it once; and tiles too large for
-    /// the allocator to reuse memory are copied by jaxlib into freshly faulted pages on one
-    /// thread, where staging copies with several into memory that numpy asks huge pages for.
+    /// copies a tile once per holder, where staging copies it once; and pooled tiles are
+    /// copied with several threads into memory that earlier transfers have already faulted in.
     fn pays_off(&self, nbytes: usize) -> bool {
         let tiles = self.tile_bounds.len();
-        nbytes >= STAGE_BYTES && (self.shared_tiles || nbytes / tiles >= STAGE_TILE_BYTES)
+        nbytes >= STAGE_BYTES && (self.shared_tiles || nbytes / tiles >= POOLED_BYTES)
     }
 
     /// Whether jaxlib can adopt every tile of `array` as it is: C-ordered, each tile one
@@ -176,8 +177,6 @@ impl Staging {
 
 /// Bytes from which a put to CPU devices is staged.
 const STAGE_BYTES: usize = 1 << 20;
-/// Bytes per tile from which even a fully sharded put to CPU devices is staged.
-const STAGE_TILE_BYTES: usize = 16 << 20;
 
 type PutKey = (usize, usize, bool, Vec<usize>);
 static PUT_PLANS: BoundedCache<PutKey, Arc<PutPlan>> = BoundedCache::new(512);
@@ -394,7 +393,7 @@ fn stage<'py>(
     let buffers = staging
         .tile_bounds
         .iter()
-        .map(|_| aligned_empty(&staging.shard_shape, dtype.as_any()))
+        .map(|_| aligned_empty(&staging.shard_shape, &dtype))
         .collect::<PyResult<Vec<_>>>()?;
     // SAFETY: `array` and the fresh `buffers` stay alive, and the buffers unshared, until the
     // copies finish; each buffer is a C-ordered array of the shard's shape.
@@ -430,13 +429,18 @@ fn stage<'py>(
 
 /// A new C-ordered array of `shape` and `dtype` whose data starts on a 64-byte boundary, the
 /// alignment at which jaxlib adopts a host buffer instead of copying it.
-fn aligned_empty<'py>(shape: &[usize], dtype: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+fn aligned_empty<'py>(
+    shape: &[usize],
+    dtype: &Bound<'py, PyArrayDescr>,
+) -> PyResult<Bound<'py, PyAny>> {
     const ALIGN: usize = 64;
     let py = dtype.py();
-    let h = handles(py)?;
-    let itemsize: usize = dtype.getattr(intern!(py, "itemsize"))?.extract()?;
-    let nbytes = shape.iter().product::<usize>() * itemsize;
-    let raw = h
+    let nbytes = shape.iter().product::<usize>() * dtype.itemsize();
+    if nbytes >= POOLED_BYTES {
+        // Pooled memory starts on a huge-page boundary.
+        return Ok(empty_array(shape, dtype)?.into_any());
+    }
+    let raw = handles(py)?
         .empty
         .bind(py)
         .call1((nbytes + ALIGN, intern!(py, "uint8")))?;
@@ -697,7 +701,7 @@ fn assemble_shards<'py>(
             Ok(ShardBytes::Viewed(view.cast_into::<PyUntypedArray>()?))
         })
         .collect::<PyResult<Vec<_>>>()?;
-    let out = new_array(shape, descr)?;
+    let out = empty_array(shape, descr)?;
     let nbytes = out.len() * itemsize;
     // SAFETY: `shards` (each holding its shard's memory) and `out` stay alive and unshared
     // until the copies finish; `out` is a fresh C-ordered array of `nbytes` bytes.
@@ -747,35 +751,6 @@ fn has_plain_bytes(descr: &Bound<'_, PyArrayDescr>) -> bool {
         || num == NPY_TYPES::NPY_HALF as i32
 }
 
-/// A new C-ordered array of `shape` and `descr`, uninitialised, as `np.empty` makes it.
-fn new_array<'py>(
-    shape: &[usize],
-    descr: &Bound<'py, PyArrayDescr>,
-) -> PyResult<Bound<'py, PyUntypedArray>> {
-    let py = descr.py();
-    let mut dims = shape
-        .iter()
-        .map(|&d| numpy::npyffi::npy_intp::try_from(d))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|_| PyOverflowError::new_err("array dimension too large"))?;
-    let ndim = std::ffi::c_int::try_from(dims.len())
-        .map_err(|_| PyValueError::new_err("too many dimensions"))?;
-    // SAFETY: PyArray_Empty steals the descr reference that `into_dtype_ptr` adds, and reads
-    // `ndim` dimensions.
-    let ptr = unsafe {
-        numpy::PY_ARRAY_API.PyArray_Empty(
-            py,
-            ndim,
-            dims.as_mut_ptr(),
-            descr.clone().into_dtype_ptr(),
-            0,
-        )
-    };
-    // SAFETY: a new reference, or null with a Python error set.
-    let array = unsafe { Bound::from_owned_ptr_or_err(py, ptr)? };
-    Ok(array.cast_into::<PyUntypedArray>()?)
-}
-
 /// Clears an array's writeable flag, as `a.flags.writeable = False` does.
 fn set_read_only(array: &Bound<'_, PyUntypedArray>) {
     // SAFETY: clearing WRITEABLE is always allowed (PyArray_CLEARFLAGS).
@@ -794,7 +769,7 @@ fn empty_host_value<'py>(
     if x.getattr(intern!(py, "is_fully_replicated"))?.is_truthy()? {
         return host_view(h, x);
     }
-    let out = new_array(shape, descr)?;
+    let out = empty_array(shape, descr)?;
     set_read_only(&out);
     x.setattr(h.host_value.bind(py), &out)?;
     Ok(out.into_any())

@@ -6,6 +6,7 @@
 
 pub mod error;
 pub mod hlo_sharding;
+pub mod host_pool;
 pub mod index_map;
 pub mod mesh;
 pub mod strided;
