@@ -21,6 +21,9 @@ use crate::stats::count_fallback;
 /// Python callables and types that the shard path uses, fetched once.
 struct Handles {
     batched_device_put: Py<PyAny>,
+    /// `HostBufferSemantics` that let jaxlib adopt host memory, and that make it copy.
+    zero_copy: Py<PyAny>,
+    copy: Py<PyAny>,
     device_put_aval: Py<PyAny>,
     canonical_dtype: Py<PyAny>,
     python_scalar_dtype: Py<PyAny>,
@@ -54,6 +57,8 @@ fn handles(py: Python<'_>) -> PyResult<&Handles> {
         let numpy = py.import("numpy")?;
         Ok(Handles {
             batched_device_put: get(jax, "batched_device_put")?,
+            zero_copy: get(jax, "HOST_BUFFER_ZERO_COPY")?,
+            copy: get(jax, "HOST_BUFFER_COPY")?,
             device_put_aval: get(jax, "device_put_aval")?,
             canonical_dtype: get(jax, "canonical_dtype")?,
             python_scalar_dtype: get(jax, "python_scalar_dtype")?,
@@ -172,6 +177,29 @@ impl Staging {
                 .sum();
             contiguous && (base as isize + offset) % 64 == 0
         })
+    }
+
+    /// Whether jaxlib 0.10.2 can be told to copy each device's slice of `array`: it fails
+    /// (`bad_function_call`) where two slices start at one address, as the slices of a tile
+    /// that several devices hold do, or those of a broadcast array.
+    fn copyable(&self, array: &Bound<'_, PyUntypedArray>) -> bool {
+        if self.shared_tiles {
+            return false;
+        }
+        let strides = array.strides();
+        let mut starts: Vec<isize> = self
+            .tile_bounds
+            .iter()
+            .map(|bounds| {
+                bounds
+                    .iter()
+                    .zip(strides)
+                    .map(|(&(start, _), &stride)| start as isize * stride)
+                    .sum()
+            })
+            .collect();
+        starts.sort_unstable();
+        starts.windows(2).all(|pair| pair[0] != pair[1])
     }
 }
 
@@ -357,28 +385,51 @@ fn place<'py>(
     let untyped = array.cast::<PyUntypedArray>()?;
     let itemsize = untyped.dtype().itemsize();
     let nbytes = untyped.len() * itemsize;
-    let staging = plan
-        .staging
-        .as_ref()
-        .filter(|staging| staging.pays_off(nbytes) && !staging.adoptable(untyped, itemsize));
-    let shards = match (staging, &plan.indices) {
-        (Some(staging), _) => PyList::new(py, stage(untyped, staging)?)?,
-        (None, None) => PyList::new(py, std::iter::repeat_n(array, devices.len()))?,
-        (None, Some(indices)) => PyList::new(
-            py,
-            indices
-                .iter()
-                .map(|index| array.get_item(index.bind(py)))
-                .collect::<PyResult<Vec<_>>>()?,
-        )?,
+    let h = handles(py)?;
+    // On the CPU, jaxlib adopts aligned dense shards (ours when staged) and copies the rest,
+    // which it does sooner when told that it must; elsewhere it copies everything.
+    let (shards, semantics) = match &plan.staging {
+        Some(staging) => {
+            let adoptable = staging.adoptable(untyped, itemsize);
+            if staging.pays_off(nbytes) && !adoptable {
+                let staged = PyList::new(py, stage(untyped, staging)?)?;
+                (staged, &h.zero_copy)
+            } else {
+                let semantics = if adoptable || !staging.copyable(untyped) {
+                    &h.zero_copy
+                } else {
+                    &h.copy
+                };
+                (slices(array, &plan)?, semantics)
+            }
+        }
+        None => (slices(array, &plan)?, &h.zero_copy),
     };
-    handles(py)?.batched_device_put.bind(py).call1((
+    h.batched_device_put.bind(py).call1((
         plan.aval.bind(py),
         sharding,
         shards,
         devices,
         committed,
+        false,
+        semantics.bind(py),
     ))
+}
+
+/// Each device's shard of `array`, as numpy views.
+fn slices<'py>(array: &Bound<'py, PyAny>, plan: &PutPlan) -> PyResult<Bound<'py, PyList>> {
+    let py = array.py();
+    let devices = plan.devices.bind(py).len();
+    match &plan.indices {
+        None => PyList::new(py, std::iter::repeat_n(array, devices)),
+        Some(indices) => PyList::new(
+            py,
+            indices
+                .iter()
+                .map(|index| array.get_item(index.bind(py)))
+                .collect::<PyResult<Vec<_>>>()?,
+        ),
+    }
 }
 
 /// Copies each distinct tile of `array` into a new aligned buffer (GIL released); returns the
