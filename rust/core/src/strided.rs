@@ -5,6 +5,7 @@
 //! with one `memcpy`, and split large copies over threads.
 
 use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// A strided view of a byte buffer: element `[i, j, ..]` starts at
 /// `offset + i * strides[0] + j * strides[1] + ..`.
@@ -216,38 +217,62 @@ pub fn copy(
 ) -> Result<(), CopyError> {
     let plan = plan(src.len(), src_view, dst.len(), dst_view, itemsize)?;
     let threads = if plan.bytes() >= PARALLEL_BYTES {
-        max_threads.clamp(1, 16)
+        max_threads
     } else {
         1
     };
-    let outer = plan.shape.first().copied().unwrap_or(1);
-    let (src_ptr, dst_ptr) = (SendPtr(src.as_ptr().cast_mut()), SendPtr(dst.as_mut_ptr()));
-    if threads <= 1 || outer < 2 {
-        // SAFETY: `plan` checked the extents of both views against their buffers.
-        unsafe { plan.run(src_ptr.get(), dst_ptr.get(), 0..outer) };
-        return Ok(());
+    // SAFETY: `plan` checked the extents of both views against their buffers.
+    unsafe {
+        run_shared(
+            &[&plan],
+            &[SendPtr(src.as_ptr().cast_mut())],
+            SendPtr(dst.as_mut_ptr()),
+            threads,
+        );
     }
-    let chunk = outer.div_ceil(threads.min(outer));
-    let run_chunk = |start: usize| {
-        // SAFETY: as above; chunks are disjoint outer slices of a destination that writes no
-        // byte twice.
-        unsafe {
-            plan.run(
-                src_ptr.get(),
-                dst_ptr.get(),
-                start..(start + chunk).min(outer),
-            );
-        };
-    };
-    // The calling thread copies the first chunk itself rather than only waiting.
-    std::thread::scope(|scope| {
-        for start in (chunk..outer).step_by(chunk) {
-            let run_chunk = &run_chunk;
-            scope.spawn(move || run_chunk(start));
-        }
-        run_chunk(0);
-    });
     Ok(())
+}
+
+/// Bytes of one unit of shared work. Threads claim units in turn, so that one slowed down (by
+/// another process on its core, say) holds the others up by one unit at most, where fixed
+/// shares would leave them waiting for all of its share.
+const UNIT_BYTES: usize = 2 << 20;
+
+/// Runs `plans` (each from its source into `dst`) on up to `max_threads` threads (at most 16),
+/// the calling thread one of them, in units of about `UNIT_BYTES` claimed in turn.
+///
+/// # Safety
+/// Each plan was checked against its source and `dst`, and no two write the same byte.
+unsafe fn run_shared(plans: &[&Plan], sources: &[SendPtr], dst: SendPtr, max_threads: usize) {
+    let mut units: Vec<(usize, std::ops::Range<usize>)> = Vec::new();
+    for (i, plan) in plans.iter().enumerate() {
+        let outer = plan.shape.first().copied().unwrap_or(1);
+        let step = (UNIT_BYTES / (plan.bytes() / outer.max(1)).max(1)).max(1);
+        units.extend(
+            (0..outer)
+                .step_by(step)
+                .map(|start| (i, start..(start + step).min(outer))),
+        );
+    }
+    let threads = max_threads.clamp(1, 16).min(units.len());
+    let next = AtomicUsize::new(0);
+    let work = || {
+        while let Some((i, outer)) = units.get(next.fetch_add(1, Ordering::Relaxed)) {
+            // SAFETY: per this function's contract; units are disjoint outer slices of plans
+            // that write disjoint bytes.
+            unsafe { plans[*i].run(sources[*i].get(), dst.get(), outer.clone()) };
+        }
+    };
+    if threads <= 1 {
+        work();
+        return;
+    }
+    std::thread::scope(|scope| {
+        for _ in 1..threads {
+            scope.spawn(work);
+        }
+        work();
+    });
 }
 
 /// One shard to place into a whole array: its bytes, the view of them, and the block of the
@@ -260,9 +285,8 @@ pub struct Placement<'a> {
 
 /// Copies every placement into its block of `dst`, a C-ordered array of `shape`.
 ///
-/// Blocks must not overlap (checked). Large work is spread over up to `max_threads` threads:
-/// whole shards per thread when there are several, rows of the one shard otherwise. On an
-/// error, `dst` may be partly written.
+/// Blocks must not overlap (checked). Large work is shared by up to `max_threads` threads, in
+/// units of rows of the shards. On an error, `dst` may be partly written.
 pub fn assemble(
     dst: &mut [u8],
     shape: &[usize],
@@ -326,29 +350,18 @@ pub fn assemble(
             )
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let threads = max_threads.clamp(1, 16).min(plans.len());
-    let dst_ptr = SendPtr(dst.as_mut_ptr());
     let sources: Vec<SendPtr> = placements
         .iter()
         .map(|p| SendPtr(p.src.as_ptr().cast_mut()))
         .collect();
-    let run_share = |share: usize| {
-        for (plan, src) in plans.iter().zip(&sources).skip(share).step_by(threads) {
-            let outer = plan.shape.first().copied().unwrap_or(1);
-            // SAFETY: each plan was checked against its buffers, and the blocks are disjoint.
-            unsafe { plan.run(src.get(), dst_ptr.get(), 0..outer) };
-        }
-    };
-    if threads <= 1 {
-        run_share(0);
-    } else {
-        std::thread::scope(|scope| {
-            for share in 1..threads {
-                let run_share = &run_share;
-                scope.spawn(move || run_share(share));
-            }
-            run_share(0);
-        });
+    // SAFETY: each plan was checked against its buffers, and the blocks are disjoint.
+    unsafe {
+        run_shared(
+            &plans.iter().collect::<Vec<_>>(),
+            &sources,
+            SendPtr(dst.as_mut_ptr()),
+            max_threads,
+        );
     }
     Ok(())
 }
@@ -455,7 +468,10 @@ impl Plan {
             (ndim, self.itemsize)
         };
         if loop_dims == 0 {
-            std::ptr::copy_nonoverlapping(src, dst, run_bytes);
+            // One contiguous dimension: the outer range is a range of its items.
+            let start = outer.start * self.itemsize;
+            let len = (outer.end.min(self.shape[0]) - outer.start) * self.itemsize;
+            std::ptr::copy_nonoverlapping(src.add(start), dst.add(start), len);
             return;
         }
         // Most arrays have few dimensions: their odometer lives on the stack.
@@ -514,6 +530,32 @@ mod tests {
             .chunks_exact(4)
             .map(|c| u32::from_ne_bytes(c.try_into().unwrap()))
             .collect()
+    }
+
+    #[test]
+    fn a_run_copies_only_its_outer_range() {
+        // Units of shared work are outer ranges, down to one contiguous dimension.
+        let src = bytes(&(0..16).collect::<Vec<u32>>());
+        for shape in [vec![16], vec![4, 4], vec![2, 8]] {
+            let view = StridedView::contiguous(&shape, 4);
+            let plan = plan(src.len(), &view, src.len(), &view, 4).unwrap();
+            let outer = plan.shape[0];
+            let mut dst = vec![0xffu8; src.len()];
+            // SAFETY: the plan was checked against both buffers.
+            unsafe { plan.run(src.as_ptr(), dst.as_mut_ptr(), 1..outer / 2) };
+            let per_outer = 16 / u32::try_from(outer).unwrap();
+            let half = u32::try_from(outer / 2).unwrap();
+            let expected: Vec<u32> = (0..16u32)
+                .map(|i| {
+                    if (per_outer..half * per_outer).contains(&i) {
+                        i
+                    } else {
+                        u32::MAX
+                    }
+                })
+                .collect();
+            assert_eq!(words(&dst), expected, "{shape:?}");
+        }
     }
 
     #[test]
