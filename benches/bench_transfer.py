@@ -17,6 +17,9 @@ strided in the host array) and `P()` (every device holds the whole array).
   `jax.make_array_from_single_device_arrays` over device buffers made once per case, taken from
   pools refilled between calls, and freed untimed. The results are checked equal in values,
   dtype, shape and writeability (both are read-only), and equal to the host array.
+- **host pool**: fastpjit keeps the host memory that freed results of large transfers give
+  back (bounded, see the notes), so from the second call of a case on, its large puts and gets
+  write memory already faulted in, where JAX's write memory new to the process.
 - **floor**: one `np.copyto` of the array's bytes into an array already allocated and touched:
   memcpy speed, with no page faults. A `P()` put leaves a copy on each of the 8 devices, but on
   the CPU one copy that all 8 alias would do (JAX itself aliases aligned host arrays so), so its
@@ -211,13 +214,11 @@ CASES = [_case(op, shape, spec) for op in ("device_put", "device_get")
 # fresh arrays where they read one, interleaved, median of 11 rounds of 2,000 calls (5 rounds
 # of 1 call at 256 MiB), in µs, with load average about 2.
 PIECES = {
-    "put_jax": 49.6, "put_ours": 21.9, "put_raw": 17.6,
-    "put_p_jax": 55.9, "put_p_ours": 25.2, "put_p_raw": 22.5,
-    "get_jax": 57.4, "get_arrays": 20.9, "get_asarray_views": 7.5, "get_addressable": 3.0,
-    # Timed at commit 8e8148e: 8 fresh (1, 4) shards viewed by the method and by np.asarray;
-    # 256 MiB gets, P('x'), with 2 copy threads and with 1, and JAX's.
-    "get_method_views": (60, 36),
-    "get256_threads": (20_300, 29_600, 27_500),
+    # Timed at commit 6009f71, (8, 4) float32 on 8 devices, unaligned as in the rows: puts
+    # until ready (P('x'), then P()), and gets of fresh arrays, P('x').
+    "put_raw": 15.0, "put_ours": 17.7, "put_jax": 42.2,
+    "put_p_raw": 12.0, "put_p_ours": 13.7, "put_p_jax": 36.2,
+    "get_arrays": 12.5, "get_ours": 18.9,
 }
 
 
@@ -292,43 +293,33 @@ def _where_the_time_goes(rows) -> str:
     if big_get is not None:
         new_memory_us = big_get["bytes"] / big_get["new_memory_gbps"] / 1e3
         new_memory = (
-            f" A get must return new memory, so its practical floor is the *new memory* copy: "
-            f"for 256 MiB, `P('x')`, that took {new_memory_us / 1e3:.1f} ms, against "
-            f"{big_get['ours_us'] / 1e3:.1f} ms for fastpjit and {big_get['jax_us'] / 1e3:.1f} "
-            f"for JAX, and {big_get['floor_us'] / 1e3:.1f} for the memcpy.")
+            f" For 256 MiB, `P('x')`, a get took {big_get['ours_us'] / 1e3:.1f} ms for fastpjit "
+            f"and {big_get['jax_us'] / 1e3:.1f} for JAX, against "
+            f"{big_get['floor_us'] / 1e3:.1f} for the memcpy and {new_memory_us / 1e3:.1f} for a "
+            f"copy into new memory.")
     return f"""\
 **Where fastpjit's time goes** (shown while a goal is unmet; pieces timed once at commit
-018a21d, (8, 4) float32 unless said, in µs; the rows above may differ, the machine being
-shared):
+6009f71, (8, 4) float32, in µs; the rows above may differ, the machine being shared):
 
 - **Small puts are at jaxlib's own call.** fastpjit makes one `batched_device_put` with the
   shards already sliced, and that call alone, until ready, costs {p['put_raw']} µs for
   `P('x')` ({p['put_p_raw']} for `P()`), against {p['put_ours']} ({p['put_p_ours']}) for
   `fastpjit.device_put` and {p['put_jax']} ({p['put_p_jax']}) for `jax.device_put`. So no
   caller of that call can be more than {p['put_jax'] / p['put_raw']:.1f}×
-  ({p['put_p_jax'] / p['put_p_raw']:.1f}×) faster than JAX here; what fastpjit adds on top
-  (pytree flattening, the trace-state check, the x64 flag read per leaf, the plan lookup, 8
-  slices) is about {p['put_ours'] - p['put_raw']:.0f} µs. ≥3× needs a cheaper way into jaxlib
-  than `batched_device_put` (whose cost is per shard, about 1.3 µs each, plus its IFRT
-  call), not a faster wrapper.
+  ({p['put_p_jax'] / p['put_p_raw']:.1f}×) faster than JAX here: its cost is per shard
+  (about 1.8 µs each, 3 µs for one), whatever the host buffer semantics or alignment. ≥3×
+  needs a cheaper way into jaxlib than `batched_device_put`, not a faster wrapper.
 - **Small gets pay for jaxlib's per-device arrays.** A fresh sharded array has no
-  single-device arrays yet; fastpjit builds one per distinct tile with `addressable_data(k)`
-  ({p['get_addressable']} µs for 8) and views each with `np.asarray` ({p['get_asarray_views']}
-  µs for 8), then copies the shards in Rust. The other ways in are slower: `_arrays` builds all
-  8 at once in {p['get_arrays']} µs, and the host-view method that `np.asarray` ends in
-  (`_single_device_array_to_np_array_did_copy`), called directly, took
-  {p['get_method_views'][0]} µs against {p['get_method_views'][1]} through `np.asarray` for 8
-  fresh shards. Against {p['get_jax']} µs for JAX, ≥3× needs a way into shard memory that
-  jaxlib does not give Python.
-- **Large puts write new memory.** fastpjit copies each tile of 16 MiB or more, and any tile
-  that several devices share, into a 64-byte-aligned numpy buffer of its own (numpy asks for
-  huge pages), with threads and the GIL released, and jaxlib adopts the buffer without copying
-  again (only on the CPU, whose device memory is host memory); smaller tiles go to jaxlib as
-  views, as JAX sends them. What stays above the memcpy floor is the new memory's page faults
-  (the *new memory* column): a put must leave its data in memory that the array owns.
-- **Large gets write new memory too.** Both sides copy each distinct shard once into a new
-  `np.empty` array; `perf` shows as much time zeroing its new pages as copying.{new_memory}
-  fastpjit splits the copy over `available_parallelism()` threads (2 here), the calling thread
-  one of them; at 256 MiB, `P('x')`, that took {p['get256_threads'][0] / 1e3:.1f} ms against
-  {p['get256_threads'][1] / 1e3:.1f} ms on one thread (JAX: {p['get256_threads'][2] / 1e3:.1f}
-  ms in the same runs)."""
+  single-device arrays yet, and `_arrays`, which builds all of them in one call, alone takes
+  {p['get_arrays']} µs of fastpjit's {p['get_ours']}; the shards are then read through the
+  buffer protocol and copied in Rust. ≥3× needs a way into shard memory that jaxlib does not
+  give Python.
+- **Large transfers reuse host memory.** Memory just allocated must be faulted in and zeroed
+  by the kernel as it is first written (the *new memory* column), which costs about as much
+  as the copy. fastpjit takes the result of a large get, and the buffers that a large put
+  stages each tile in (jaxlib adopts those on the CPU without copying again), from a bounded
+  pool of host memory that earlier results gave back when freed (1 GiB idle at most by
+  default, `fastpjit.set_host_pool_limit`), and copies with `available_parallelism()`
+  threads (2 here). A loop that frees its results thus copies into memory already faulted
+  in, as the memcpy floor does; the first transfer of a size, and any made while earlier
+  results stay alive, pay the page faults.{new_memory}"""
