@@ -122,7 +122,8 @@ struct PutPlan {
     devices: Py<PyList>,
     /// The index of each device's shard, or `None` when every device holds the whole array.
     indices: Option<Vec<Py<PyTuple>>>,
-    /// On the CPU, how large values are first copied into buffers of our own.
+    /// On the CPU, the tiles' layout, which decides how values are handed to jaxlib: staged
+    /// in buffers of our own when large, else adopted or copied by jaxlib.
     staging: Option<Staging>,
 }
 
