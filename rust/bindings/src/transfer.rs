@@ -152,14 +152,13 @@ impl Staging {
     /// Whether jaxlib can adopt every tile of `array` as it is: C-ordered, each tile one
     /// contiguous run starting on a 64-byte boundary. It then shares the user's memory, as
     /// `jax.device_put` does, and staging would only add a copy.
-    fn adoptable(&self, array: &Bound<'_, PyUntypedArray>, itemsize: usize) -> bool {
+    fn adoptable(&self, array: &Bound<'_, PyUntypedArray>) -> bool {
         if !array.is_c_contiguous() {
             return false;
         }
-        let shape = array.shape();
+        let (shape, strides) = (array.shape(), array.strides());
         // SAFETY: reads the data pointer of a live array.
         let base = unsafe { (*array.as_array_ptr()).fields.data } as usize;
-        let strides = StridedView::contiguous(shape, itemsize).strides;
         self.tile_bounds.iter().all(|bounds| {
             let mut split_seen = false;
             let contiguous = bounds
@@ -171,12 +170,7 @@ impl Staging {
                     split_seen |= stop - start != size;
                     ok
                 });
-            let offset: isize = bounds
-                .iter()
-                .zip(&strides)
-                .map(|(&(start, _), &stride)| start as isize * stride)
-                .sum();
-            contiguous && (base as isize + offset) % 64 == 0
+            contiguous && (base as isize + tile_offset(bounds, strides)) % 64 == 0
         })
     }
 
@@ -187,21 +181,23 @@ impl Staging {
         if self.shared_tiles {
             return false;
         }
-        let strides = array.strides();
         let mut starts: Vec<isize> = self
             .tile_bounds
             .iter()
-            .map(|bounds| {
-                bounds
-                    .iter()
-                    .zip(strides)
-                    .map(|(&(start, _), &stride)| start as isize * stride)
-                    .sum()
-            })
+            .map(|bounds| tile_offset(bounds, array.strides()))
             .collect();
         starts.sort_unstable();
         starts.windows(2).all(|pair| pair[0] != pair[1])
     }
+}
+
+/// Where the tile of `bounds` starts, in bytes from the start of an array of `strides`.
+fn tile_offset(bounds: &[(usize, usize)], strides: &[isize]) -> isize {
+    bounds
+        .iter()
+        .zip(strides)
+        .map(|(&(start, _), &stride)| start as isize * stride)
+        .sum()
 }
 
 /// Bytes from which a put to CPU devices is staged.
@@ -391,7 +387,7 @@ fn place<'py>(
     // which it does sooner when told that it must; elsewhere it copies everything.
     let (shards, semantics) = match &plan.staging {
         Some(staging) => {
-            let adoptable = staging.adoptable(untyped, itemsize);
+            let adoptable = staging.adoptable(untyped);
             if staging.pays_off(nbytes) && !adoptable {
                 let staged = PyList::new(py, stage(untyped, staging)?)?;
                 (staged, &h.zero_copy)

@@ -224,7 +224,7 @@ pub fn copy(
     // SAFETY: `plan` checked the extents of both views against their buffers.
     unsafe {
         run_shared(
-            &[&plan],
+            std::slice::from_ref(&plan),
             &[SendPtr(src.as_ptr().cast_mut())],
             SendPtr(dst.as_mut_ptr()),
             threads,
@@ -243,7 +243,7 @@ const UNIT_BYTES: usize = 2 << 20;
 ///
 /// # Safety
 /// Each plan was checked against its source and `dst`, and no two write the same byte.
-unsafe fn run_shared(plans: &[&Plan], sources: &[SendPtr], dst: SendPtr, max_threads: usize) {
+unsafe fn run_shared(plans: &[Plan], sources: &[SendPtr], dst: SendPtr, max_threads: usize) {
     let mut units: Vec<(usize, std::ops::Range<usize>)> = Vec::new();
     for (i, plan) in plans.iter().enumerate() {
         let outer = plan.shape.first().copied().unwrap_or(1);
@@ -303,16 +303,6 @@ pub fn assemble(
         )));
     }
     check_disjoint(placements)?;
-    if let [only] = placements {
-        return copy(
-            only.src,
-            &only.view,
-            dst,
-            &whole.block(&only.bounds)?,
-            itemsize,
-            max_threads,
-        );
-    }
     let total: usize = placements
         .iter()
         .map(|p| p.view.num_elements() * itemsize)
@@ -356,12 +346,7 @@ pub fn assemble(
         .collect();
     // SAFETY: each plan was checked against its buffers, and the blocks are disjoint.
     unsafe {
-        run_shared(
-            &plans.iter().collect::<Vec<_>>(),
-            &sources,
-            SendPtr(dst.as_mut_ptr()),
-            max_threads,
-        );
+        run_shared(&plans, &sources, SendPtr(dst.as_mut_ptr()), max_threads);
     }
     Ok(())
 }
