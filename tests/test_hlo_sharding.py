@@ -18,21 +18,12 @@ import numpy as np
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
+from index_oracle import DEVICES, INDEX_MAP_FUNCTIONS, assert_matches_jax
 from jax._src import sharding as jax_sharding
 from jax._src.lib import xla_client as xc
 from jax._src.sharding_impls import GSPMDSharding
-from jax._src.sharding_impls import device_replica_id_map as jax_device_replica_id_map
 
 import fastpjit
-
-DEVICES = tuple(jax.devices())
-INDEX_MAP_FUNCTIONS = (
-    fastpjit.devices_indices_map,
-    fastpjit.addressable_devices_indices_map,
-    fastpjit.shard_shape,
-    fastpjit.device_replica_id_map,
-    fastpjit.indices_array,
-)
 
 
 def param_id(value):
@@ -45,35 +36,6 @@ def param_id(value):
 def gspmd(text, devices=DEVICES):
     """The oracle: XLA's parser and JAX's GSPMDSharding."""
     return GSPMDSharding(tuple(devices), xc.HloSharding.from_string(text))
-
-
-def bounds_of(index, shape):
-    out = []
-    for part, dim in zip(index, shape, strict=True):
-        assert isinstance(part, slice) and part.step is None
-        start = 0 if part.start is None else part.start
-        out.append([start, dim if part.stop is None else part.stop])
-    return out
-
-
-def assert_matches_jax(sharding, shape):
-    """Every fastpjit index-map function agrees with JAX for `sharding`."""
-    theirs = sharding.devices_indices_map(shape)
-    ours = fastpjit.devices_indices_map(sharding, shape)
-    assert ours == theirs
-    assert list(ours) == list(theirs), "devices come in device-assignment order"
-    assert fastpjit.addressable_devices_indices_map(
-        sharding, shape
-    ) == sharding.addressable_devices_indices_map(shape)
-    assert fastpjit.shard_shape(sharding, shape) == sharding.shard_shape(shape)
-    assert fastpjit.device_replica_id_map(sharding, shape) == jax_device_replica_id_map(
-        sharding, shape
-    )
-    devices = sharding._device_assignment
-    expected = np.array([bounds_of(theirs[d], shape) for d in devices], dtype=np.int64)
-    np.testing.assert_array_equal(
-        fastpjit.indices_array(sharding, shape), expected.reshape(len(devices), len(shape), 2)
-    )
 
 
 def assert_parses_like_xla(text, devices, shape):
