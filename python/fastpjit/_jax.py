@@ -52,6 +52,7 @@ __all__ = [
     "HOST_BUFFER_ZERO_COPY",
     "canonical_dtype",
     "clear_index_map_caches",
+    "collect_garbage",
     "compile_lowered",
     "compiled_parts",
     "config_value",
@@ -156,6 +157,10 @@ array_sharding = vars(ArrayImpl)["_sharding"].fget
 array_committed = vars(ArrayImpl)["_committed"].fget
 array_is_deleted = vars(ArrayImpl)["is_deleted"]
 consume_with_handlers = _jaxlib.ExecuteResults.consume_with_handlers
+# jaxlib releases some Python objects of an execution through a queue that its own C++ fast
+# path drains on every call and JAX drains from a gc callback; `execute_sharded` leaves one
+# object there per call, so the dispatcher drains it itself every so many calls.
+collect_garbage = _jaxlib.collect_garbage
 jit_key_states = (_config.device_context, _config.optimization_level,
                   _config.memory_fitting_level)
 # The getter of a config state's value, called directly.
