@@ -157,9 +157,9 @@ array_sharding = vars(ArrayImpl)["_sharding"].fget
 array_committed = vars(ArrayImpl)["_committed"].fget
 array_is_deleted = vars(ArrayImpl)["is_deleted"]
 consume_with_handlers = _jaxlib.ExecuteResults.consume_with_handlers
-# jaxlib releases some Python objects of an execution through a queue that its own C++ fast
-# path drains on every call and JAX drains from a gc callback; `execute_sharded` leaves one
-# object there per call, so the dispatcher drains it itself every so many calls.
+# jaxlib releases some Python objects of an execution through a queue that its own C++
+# dispatch drains as it goes and JAX drains from a gc callback; `execute_sharded` leaves one
+# object there per call, so the Rust dispatcher drains it itself every so many calls.
 collect_garbage = _jaxlib.collect_garbage
 jit_key_states = (_config.device_context, _config.optimization_level,
                   _config.memory_fitting_level)

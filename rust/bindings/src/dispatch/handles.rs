@@ -82,14 +82,17 @@ impl Handles {
     }
 
     /// Counts one execution through `execute_sharded`, which leaves a Python object in jaxlib's
-    /// queue of released objects; every `EXECUTIONS_PER_DRAIN` executions, drains the queue.
-    /// Nothing else drains it in a loop that allocates no Python containers: jaxlib's own
-    /// dispatch does as it goes, and JAX's gc callback only when a collection runs.
-    pub fn count_execution(&self, py: Python<'_>) -> PyResult<()> {
+    /// queue of released objects, and drains the queue every `EXECUTIONS_PER_DRAIN` of them.
+    /// Nothing else would in a loop of cached calls: jaxlib drains it in its own dispatch, which
+    /// these calls skip, and JAX's gc callback only when a collection runs, which a loop that
+    /// allocates no Python containers never starts. The call has run by now, so a failed drain
+    /// is reported as unraisable rather than losing its results.
+    pub fn count_execution(&self, py: Python<'_>) {
         if EXECUTIONS.fetch_add(1, Ordering::Relaxed) % EXECUTIONS_PER_DRAIN == 0 {
-            self.collect_garbage.bind(py).call0()?;
+            if let Err(err) = self.collect_garbage.bind(py).call0() {
+                err.write_unraisable(py, None);
+            }
         }
-        Ok(())
     }
 
     /// JAX's jit key as one flat tuple: the trace context (x64, meshes in context, ...) and
