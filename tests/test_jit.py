@@ -1019,7 +1019,6 @@ def test_the_default_capacity_keeps_every_signature_of_a_few():
         assert ours.cache_size() == n + 1
 
 
-
 @pytest.mark.parametrize("kind", ["jit", "pmap"])
 def test_a_loop_of_cached_calls_holds_no_growing_memory(kind):
     """jaxlib hands some Python objects that an execution releases to a queue that only its own
@@ -1044,6 +1043,7 @@ def test_a_loop_of_cached_calls_holds_no_growing_memory(kind):
     finally:
         gc.enable()
     assert grown < calls // 10, f"{grown} Python memory blocks more after {calls} calls"
+
 
 # --- Ahead of time ---------------------------------------------------------------------------
 

@@ -17,8 +17,10 @@ pub struct Handles {
     pub shard_arg: Py<PyAny>,
     /// `ExecuteResults.consume_with_handlers`, unbound.
     pub consume_with_handlers: Py<PyAny>,
-    /// jaxlib's `collect_garbage`, which drains the queue of Python objects it released.
+    /// jaxlib's `collect_garbage`, which drains the queue of Python objects it released, and
+    /// the executions counted since the start (see `count_execution`).
     collect_garbage: Py<PyAny>,
+    executions: AtomicU32,
     /// Getters of a `jaxlib` array's aval, sharding and commitment, and its `is_deleted`,
     /// called directly (see `fastpjit._jax`).
     pub array_aval: Py<PyAny>,
@@ -37,8 +39,6 @@ static HANDLES: PyOnceLock<Handles> = PyOnceLock::new();
 /// nanosecond a call.
 const EXECUTIONS_PER_DRAIN: u32 = 128;
 
-static EXECUTIONS: AtomicU32 = AtomicU32::new(0);
-
 pub fn handles(py: Python<'_>) -> PyResult<&Handles> {
     HANDLES.get_or_try_init(py, || {
         let jax = private(py)?;
@@ -55,6 +55,7 @@ pub fn handles(py: Python<'_>) -> PyResult<&Handles> {
             shard_arg: get(jax, "shard_arg")?,
             consume_with_handlers: get(jax, "consume_with_handlers")?,
             collect_garbage: get(jax, "collect_garbage")?,
+            executions: AtomicU32::new(0),
             array_aval: get(jax, "array_aval")?,
             array_sharding: get(jax, "array_sharding")?,
             array_committed: get(jax, "array_committed")?,
@@ -88,7 +89,7 @@ impl Handles {
     /// allocates no Python containers never starts. The call has run by now, so a failed drain
     /// is reported as unraisable rather than losing its results.
     pub fn count_execution(&self, py: Python<'_>) {
-        if EXECUTIONS.fetch_add(1, Ordering::Relaxed) % EXECUTIONS_PER_DRAIN == 0 {
+        if self.executions.fetch_add(1, Ordering::Relaxed) % EXECUTIONS_PER_DRAIN == 0 {
             if let Err(err) = self.collect_garbage.bind(py).call0() {
                 err.write_unraisable(py, None);
             }
