@@ -433,11 +433,14 @@ def test_donation_deletes_donated_inputs_and_reuse_raises():
     assert x.is_deleted() and y.is_deleted()
     assert not any(o.is_deleted() for o in our_out)
     assert_same(our_out, their_out)
-    for call in (lambda: ours(x, 2, y), lambda: ours(our_out[0], 2, y),
-                 lambda: ours(our_out[0], 3, y)):
+    # A cached call raises a ValueError (JAX's cached path crashes here, and raises the
+    # ValueError on one device); a call that misses raises JAX's RuntimeError.
+    for call in (lambda: ours(x, 2, y), lambda: ours(our_out[0], 2, y)):
         error = raised(call)
-        assert type(error) is RuntimeError
-        assert str(error) == str(expected)
+        assert type(error) is ValueError and "donated" in str(error)
+    error = raised(lambda: ours(our_out[0], 3, y))
+    assert type(error) is RuntimeError
+    assert str(error) == str(expected)
     assert not our_out[0].is_deleted()
 
 
@@ -458,8 +461,8 @@ def test_donated_state_loop_on_the_identity_fast_path():
     hits = fastpjit.stats()["cache_hits"]
     error = raised(lambda: ours(history[-1], batches[0]))
     assert fastpjit.stats()["cache_hits"] == hits + 1  # the fast path saw the call
-    assert type(error) is RuntimeError
-    assert str(error) == "Array has been deleted with shape=float32[8,4]."
+    assert type(error) is ValueError
+    assert "shape=float32[8,4] was donated" in str(error)
 
 
 def test_donation_of_a_host_or_moved_input_keeps_the_original():

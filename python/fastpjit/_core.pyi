@@ -1,22 +1,26 @@
 """Type stub of the native module fastpjit._core, checked against it by mypy.stubtest."""
 
 from collections.abc import Sequence
-from typing import Any, Self
+from typing import Any, Self, final
 
 import numpy as np
 import numpy.typing as npt
 from typing_extensions import disjoint_base
 
 __all__ = [
+    "CacheMiss",
+    "FastPath",
     "JitFunction",
     "__version__",
     "addressable_devices_indices_map",
     "canonical_hlo_sharding",
+    "clear_dispatch_memo",
     "count_fallback",
     "device_get_leaf",
     "device_put_leaf",
     "device_replica_id_map",
     "devices_indices_map",
+    "dispatch_memo_sizes",
     "indices_array",
     "reset_stats",
     "set_host_pool_limit",
@@ -43,6 +47,8 @@ def canonical_hlo_sharding(text: str, num_devices: int) -> str: ...
 def device_put_leaf(x: Any, sharding: Any, committed: bool = True) -> Any: ...
 def device_get_leaf(x: Any) -> Any: ...
 def transfer_cache_sizes() -> tuple[int, int, int]: ...
+def clear_dispatch_memo() -> None: ...
+def dispatch_memo_sizes() -> tuple[int, int]: ...
 
 @disjoint_base
 class JitFunction:
@@ -58,3 +64,45 @@ class JitFunction:
     def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
     def _cache_size(self) -> int: ...
     def _clear_cache(self) -> None: ...
+
+@final
+class FastPath:
+    def __new__(
+        cls,
+        *,
+        executable: Any,
+        out_treedef: Any,
+        out_handlers: list[Any],
+        in_shardings: Sequence[Any],
+        kept: Sequence[bool],
+        const_args: Sequence[Any],
+        donated: Sequence[bool],
+    ) -> Self: ...
+    @property
+    def executable(self) -> Any: ...
+    @property
+    def out_treedef(self) -> Any: ...
+    @property
+    def out_handlers(self) -> list[Any]: ...
+    @property
+    def in_shardings(self) -> list[Any]: ...
+    @property
+    def kept(self) -> list[bool]: ...
+    @property
+    def const_args(self) -> list[Any]: ...
+    @property
+    def donated(self) -> list[bool]: ...
+
+@final
+class CacheMiss:
+    def __new__(
+        cls, outputs: Any, fast_path: FastPath | None, *, compiles: int, jax_reason: str | None
+    ) -> Self: ...
+    @property
+    def outputs(self) -> Any: ...
+    @property
+    def fast_path(self) -> FastPath | None: ...
+    @property
+    def compiles(self) -> int: ...
+    @property
+    def jax_reason(self) -> str | None: ...

@@ -12,6 +12,8 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax._src import api as _api
+from jax._src import api_util as _api_util
 from jax._src import compiler as _compiler
 from jax._src import config as _config
 from jax._src import core as _core
@@ -33,6 +35,8 @@ from jax._src.lib import _jax as _jaxlib
 from jax._src.lib import xla_client as xc
 from jax._src.sharding_impls import GSPMDSharding
 
+from fastpjit import _core as _native
+
 IndivisibleError = _sharding.IndivisibleError
 DuplicateSpecError = _named_sharding.DuplicateSpecError
 
@@ -45,11 +49,10 @@ __all__ = [
     "array_sharding",
     "array_single_device_arrays",
     "ARRAY_TO_HOST",
+    "array_was_donated",
     "ArrayImpl",
     "backend_compiles",
     "batched_device_put",
-    "HOST_BUFFER_COPY",
-    "HOST_BUFFER_ZERO_COPY",
     "canonical_dtype",
     "clear_index_map_caches",
     "collect_garbage",
@@ -59,22 +62,28 @@ __all__ = [
     "consume_with_handlers",
     "copy_to_host_async",
     "device_put_aval",
+    "DISABLE_JIT_INDEX",
     "DuplicateSpecError",
     "flatten_for_dispatch",
     "gspmd_sharding",
     "GSPMDSharding",
     "hlo_parts",
+    "HOST_BUFFER_COPY",
+    "HOST_BUFFER_ZERO_COPY",
     "host_view",
     "in_legacy_mesh_context",
     "IndivisibleError",
     "jax_cache_counts",
     "jax_indices_from_named",
     "jit_cache_miss",
+    "jit_key_state_names",
     "jit_key_states",
     "jit_static_args",
     "legacy_pjit",
     "logical_device_ids",
+    "passes_as_is",
     "pmap_cache_miss",
+    "post_hook_state",
     "python_scalar_dtype",
     "shard_arg",
     "trace_context",
@@ -144,10 +153,19 @@ array_single_device_arrays = vars(ArrayImpl)["_arrays"].fget
 # jit: the cache miss that JAX's own C++ dispatcher would run, and what a hit needs.
 
 # What the Rust dispatcher reads on every call: JAX's dispatch flattening, and JAX's jit key,
-# which is the trace context plus these states that only the compile sees (set_mesh's concrete
-# mesh, say: two meshes of one abstract mesh trace alike). All are C++ objects.
+# which is the trace context plus the states that only the jit key holds: the trace state (a
+# weak reference to the active trace, so that a call made while a trace is active misses and is
+# staged), set_mesh's concrete mesh (two meshes of one abstract mesh trace alike), the
+# optimization levels. All are C++ objects. `jit_key_state_names` lists them by name for the
+# test that keeps this list complete.
 flatten_for_dispatch = _tree_util.dispatch_registry.flatten
 trace_context = _config.trace_context
+jit_key_states = (_core.trace_state, _config.device_context, _config.optimization_level,
+                  _config.memory_fitting_level)
+DISABLE_JIT_INDEX = _config.trace_context_names().index("jax_disable_jit")
+# JAX's post-hook, which runs the NaN and inf checks of jax_debug_nans and jax_debug_infs on the
+# outputs of every cached call: `hook(function, args, kwargs, outputs)`; None when they are off.
+post_hook_state = _api._post_hook_state
 # What the dispatcher reads of every argument, taken from jaxlib's ArrayImpl once and called
 # without an attribute lookup: the getters of its aval, sharding and commitment (the public
 # `sharding` and `committed` are Python properties over the last two, which would run bytecode
@@ -161,8 +179,39 @@ consume_with_handlers = _jaxlib.ExecuteResults.consume_with_handlers
 # dispatch drains as it goes and JAX drains from a gc callback; `execute_sharded` leaves one
 # object there per call, so the Rust dispatcher drains it itself every so many calls.
 collect_garbage = _jaxlib.collect_garbage
-jit_key_states = (_config.device_context, _config.optimization_level,
-                  _config.memory_fitting_level)
+
+
+def jit_key_state_names() -> tuple[str, ...]:
+    """The names of the states in JAX's jit key that the dispatcher reads: the trace context's
+    and `jit_key_states`."""
+    return (*_config.trace_context_names(), *(state.name for state in jit_key_states))
+
+
+def array_was_donated(array: Any) -> bool:
+    """Whether a deleted array was donated to a computation rather than deleted by `delete()`:
+    jaxlib keeps a donated array's device array (which still knows its size) and drops a
+    deleted one's. JAX's cached path raises a ValueError for the first, a RuntimeError for the
+    second."""
+    try:
+        array.on_device_size_in_bytes()
+    except Exception:
+        return False
+    return True
+
+
+def passes_as_is(own: Any, target: Any) -> bool:
+    """Whether an array on sharding `own` is an input on sharding `target` as it is: the same
+    sharding, or (as JAX's dispatch has it) the same single device and memory."""
+    if own == target:
+        return True
+    if own.num_devices != 1 or target.num_devices != 1:
+        return False
+    device, = own._device_assignment
+    default = device.default_memory().kind if hasattr(device, "default_memory") else None
+    return (tuple(target._device_assignment) == (device,)
+            and (own.memory_kind or default) == (target.memory_kind or default))
+
+
 # The getter of a config state's value, called directly.
 config_value = vars(_jaxlib.config.Config)["value"].fget
 
@@ -206,24 +255,21 @@ jax.monitoring.register_event_duration_secs_listener(_count_backend_compile)
 jax.monitoring.register_event_listener(_note_persistent_cache_hit)
 
 
-def jit_cache_miss(
-    jitted: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[Any, Any, int, str | None]:
+def jit_cache_miss(jitted: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Runs a call of `jitted` as JAX's C++ dispatcher does on a cache miss, but compiled by
-    fastpjit where it can be.
-
-    Returns the outputs; where JAX would take its fast path next time, what fastpjit's
-    dispatcher needs to take its own (executable, output treedef, input shardings of the kept
-    inputs, output result handlers, kept-input flags over [consts, args], const args), else
-    None; how many backend compiles the miss ran; and why JAX, not fastpjit, lowered and
-    compiled the call, if it did.
+    fastpjit where it can be, and returns a `fastpjit._core.CacheMiss`: the outputs; where JAX
+    would take its fast path next time, the `FastPath` that fastpjit's dispatcher takes
+    instead; how many backend compiles the miss ran; and why JAX, not fastpjit, lowered and
+    compiled the call (or runs it), if it did.
     """
     if _config.disable_jit.value:
         # Under jax.disable_jit(), jax.jit calls the function itself; there is nothing to cache.
-        return jitted(*args, **kwargs), None, 0, "jax.disable_jit is on"
+        return _native.CacheMiss(jitted(*args, **kwargs), None, compiles=0,
+                                 jax_reason="jax.disable_jit is on")
     compiles_before = _thread_compiles()
-    outs, entry, reason = _jit_miss(jitted, args, kwargs)
-    return outs, entry, _thread_compiles() - compiles_before, reason
+    outs, fast, reason = _jit_miss(jitted, args, kwargs)
+    return _native.CacheMiss(outs, fast, compiles=_thread_compiles() - compiles_before,
+                             jax_reason=reason)
 
 
 def _jit_miss(
@@ -238,19 +284,35 @@ def _jit_miss(
     else:
         executable, const_args = compiled
         jaxpr, out_tree, profiler = p.params["jaxpr"], p.out_tree, None
-        out_flat = executable.unsafe_call(*const_args, *args_flat)
+        out_flat = _run_checked(executable, const_args, args_flat, fun, args, kwargs)
         outs = _tree_util.tree_unflatten(out_tree, out_flat)
     fast = _pjit._get_fastpath_data(executable, out_tree, args_flat, out_flat, jaxpr.effects,
                                     jaxpr.consts, profiler, const_args)
-    return outs, *_entry_and_reason(fast, reason)
+    return outs, *_fast_path_and_reason(fast, p.params["donated_invars"], reason)
 
 
-def _entry_and_reason(fast: Any, reason: str | None) -> tuple[Any, str | None]:
-    entry = _dispatch_entry(fast)
-    if entry is None and reason is None:
+def _run_checked(executable: Any, const_args: Sequence[Any], args_flat: Sequence[Any],
+                 fun: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Runs a freshly compiled executable as JAX's own miss does: with jax_debug_nans or
+    jax_debug_infs on, an invalid output reruns the function without jit to find where it
+    arises, and raises JAX's FloatingPointError."""
+    try:
+        return executable.unsafe_call(*const_args, *args_flat)
+    except _api_util.InternalFloatingPointError as err:
+        if getattr(fun, "_apply_primitive", False):
+            raise FloatingPointError(
+                f"invalid value ({err.ty}) encountered in {fun.__qualname__}") from None
+        _api_util.maybe_recursive_nan_check(err, fun, args, kwargs)  # raises
+        raise RuntimeError("Internal error") from err
+
+
+def _fast_path_and_reason(fast: Any, donated: Sequence[bool],
+                          reason: str | None) -> tuple[Any, str | None]:
+    fast_path = _fast_path(fast, donated)
+    if fast_path is None and reason is None:
         reason = "JAX's own dispatch keeps it off its fast path (outputs that are not arrays, "
         reason += "effects or layouts)"
-    return entry, reason
+    return fast_path, reason
 
 
 # fastpjit's compile of a jit call: JAX traces and lowers to StableHLO with the shardings;
@@ -488,33 +550,35 @@ def _checked_shardings(shardings: Sequence[Any], xla: list[Any] | None,
     return out
 
 
-def _dispatch_entry(fast: Any) -> tuple[Any, ...] | None:
-    """What fastpjit's dispatcher keeps of JAX's fast-path data, or None without a fast path."""
+def _fast_path(fast: Any, donated: Sequence[bool]) -> Any:
+    """fastpjit's `FastPath` from JAX's fast-path data, or None without a fast path."""
     if fast is None or any(layout is not None for layout in fast.in_device_local_layouts):
         return None
     handlers = [xc.array_result_handler(aval, sharding, committed=committed, _skip_checks=True)
                 for aval, sharding, committed
                 in zip(fast.out_avals, fast.out_shardings, fast.out_committed, strict=True)]
-    return (fast.xla_executable, fast.out_pytree_def, list(fast.in_shardings), handlers,
-            [bool(k) for k in fast.kept_var_bitvec], list(fast.const_args))
+    return _native.FastPath(
+        executable=fast.xla_executable, out_treedef=fast.out_pytree_def, out_handlers=handlers,
+        in_shardings=list(fast.in_shardings), kept=[bool(k) for k in fast.kept_var_bitvec],
+        const_args=list(fast.const_args), donated=[bool(d) for d in donated])
 
 
-def aot_cache_miss(
-    compiled: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[Any, Any, int, str | None]:
+def aot_cache_miss(compiled: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """The cache miss of an ahead-of-time compiled function, as JAX's C++ dispatcher runs it:
-    JAX checks and runs the call; the entry is as `jit_cache_miss` gives it."""
+    JAX checks and runs the call; the `CacheMiss` is as `jit_cache_miss` gives it."""
     executable, params = compiled._executable, compiled._params
     call = getattr(executable, "unsafe_call", None)
     fast_path = (isinstance(call, _pxla.ExecuteReplicated) and not call.has_unordered_effects
                  and not call.has_host_callbacks)
     if not fast_path:
-        return compiled(*args, **kwargs), None, 0, "the executable has effects or callbacks"
+        return _native.CacheMiss(compiled(*args, **kwargs), None, compiles=0,
+                                 jax_reason="the executable has effects or callbacks")
     params = params._replace(const_args=executable.shard_const_args(params.const_args))
     outs, out_flat, args_flat = _stages.Compiled.call(params, *args, **kwargs)
     out_flat, out_tree = _pxla.reflatten_outputs_for_dispatch(params.out_tree, out_flat)
     if params.is_high or executable._mut or not all(isinstance(x, xc.ArrayImpl) for x in out_flat):
-        return outs, None, 0, "mutable state, or outputs that are not arrays"
+        return _native.CacheMiss(outs, None, compiles=0,
+                                 jax_reason="mutable state, or outputs that are not arrays")
     in_shardings = [
         _sharding_impls.physical_sharding(a, s)
         if a is not _core.abstract_token and _dtypes.issubdtype(a.dtype, _dtypes.extended)
@@ -525,8 +589,9 @@ def aot_cache_miss(
         executable.xla_executable, out_tree, in_shardings, executable._out_shardings,
         [o.aval for o in out_flat], [o._committed for o in out_flat], kept,
         executable._dispatch_in_layouts, params.const_args)
-    entry, reason = _entry_and_reason(fast, None)
-    return outs, entry, 0, reason
+    donated = [info.donated for info in _tree_util.tree_leaves(compiled.args_info)]
+    fast_path, reason = _fast_path_and_reason(fast, donated, None)
+    return _native.CacheMiss(outs, fast_path, compiles=0, jax_reason=reason)
 
 
 def legacy_pjit(fun: Any, **options: Any) -> Any:
@@ -539,16 +604,15 @@ def in_legacy_mesh_context() -> bool:
     return not _mesh.thread_resources.env.physical_mesh.empty
 
 
-def pmap_cache_miss(
-    pmapped: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[Any, Any, int, str | None]:
+def pmap_cache_miss(pmapped: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """The cache miss of a jax.pmap function: JAX's pmap resolves its parameters and the jit
     over shard_map that it calls, whose miss is `jit_cache_miss`'s. Multi-process pmaps, which
     convert host-local arrays in Python, run in JAX without an entry."""
     infer_params = _closure_variable(pmapped, "infer_params")
     _, jitted, args_flat, _, _, process_count, trace_state_clean = infer_params(*args, **kwargs)
     if process_count > 1 or not trace_state_clean:
-        return pmapped(*args, **kwargs), None, 0, "multi-process, or under a JAX trace"
+        return _native.CacheMiss(pmapped(*args, **kwargs), None, compiles=0,
+                                 jax_reason="multi-process, or under a JAX trace")
     return jit_cache_miss(jitted, tuple(args_flat), {})
 
 

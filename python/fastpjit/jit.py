@@ -101,8 +101,14 @@ def _wrap(fun: Callable[..., Any], jitted: Any) -> JitWrapped:
     wrapped = JitWrapped(jitted, functools.partial(_jax.jit_cache_miss, jitted),
                          list(argnums), list(argnames))
     wrapped._jitted = jitted
-    functools.update_wrapper(wrapped, fun)
+    _set_function(wrapped, fun)
     return wrapped
+
+
+def _set_function(wrapped: Any, fun: Callable[..., Any]) -> None:
+    functools.update_wrapper(wrapped, fun)
+    # JAX's NaN and inf checks (its post-hook) rerun `_fun` without jit to find the culprit.
+    wrapped._fun = fun
 
 
 class _PjitWrapped(JitWrapped):
@@ -132,7 +138,7 @@ def _wrap_pjit(fun: Callable[..., Any], options: dict[str, Any]) -> JitWrapped:
     argnums, argnames = _jax.jit_static_args(jitted)
     wrapped = _PjitWrapped(fallback, miss, list(argnums), list(argnames), kind="pjit")
     wrapped._jitted, wrapped._legacy = jitted, legacy
-    functools.update_wrapper(wrapped, fun)
+    _set_function(wrapped, fun)
     return wrapped
 
 

@@ -66,4 +66,6 @@ def pmap(
                           [i for i in static if i >= 0], [], kind="pmap")
     wrapped._pmapped = pmapped
     functools.update_wrapper(wrapped, fun)
+    # JAX's NaN and inf checks (its post-hook) rerun `_fun` to find the culprit: jax.pmap's.
+    wrapped._fun = pmapped
     return wrapped

@@ -13,7 +13,10 @@ mod transfer;
 
 use pyo3::prelude::*;
 
-#[pymodule]
+// Shared classes here rely on the GIL (the dispatcher never holds a lock across a call into
+// Python, but it is not tested on a free-threaded interpreter), so the module does not declare
+// free-threading support.
+#[pymodule(gil_used = true)]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_function(wrap_pyfunction!(stats::stats, m)?)?;
@@ -33,5 +36,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(transfer::transfer_cache_sizes, m)?)?;
     m.add_function(wrap_pyfunction!(host_memory::set_host_pool_limit, m)?)?;
     m.add_class::<dispatch::JitFunction>()?;
+    m.add_class::<dispatch::FastPath>()?;
+    m.add_class::<dispatch::CacheMiss>()?;
+    m.add_function(wrap_pyfunction!(dispatch::clear_dispatch_memo, m)?)?;
+    m.add_function(wrap_pyfunction!(dispatch::dispatch_memo_sizes, m)?)?;
     Ok(())
 }

@@ -1,230 +1,299 @@
-//! A cached executable and everything a cache hit needs to run it without Python of ours.
+//! A cached executable, and how each argument of a call that hits it becomes an input: an
+//! array on the executable's input sharding passes as it is, an array elsewhere is moved by
+//! JAX, a numpy array is placed by the Rust shard path, and a scalar (immutable) comes from
+//! device copies of its recent values.
 
+use std::sync::{Mutex, PoisonError};
+
+use numpy::npyffi::PY_ARRAY_API;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyList, PyTuple};
+use pyo3::types::{PyBool, PyComplex, PyFloat, PyInt, PyList, PyTuple};
 
-use super::fast::FastLeaf;
 use super::handles::Handles;
-use super::signature::{LeafKind, LeafSignature};
+use super::leaf::{LiveLeaf, ScalarKind};
+use super::miss::FastPath;
+use super::signature::{CallSignature, LeafKey};
 use crate::stats::count_fallback;
-use crate::transfer::put_host_value;
+use crate::transfer::{deleted_error, put_host_value};
+
+/// How one flat argument becomes an executable input.
+enum Input {
+    /// The executable does not take it.
+    Dropped,
+    /// An array on the executable's input sharding.
+    Pass,
+    /// An array elsewhere, which JAX moves to this sharding.
+    Move(Py<PyAny>),
+    /// A numpy array, placed on this sharding.
+    Host(Py<PyAny>),
+    /// A Python or numpy scalar, placed on this sharding.
+    Scalar(ScalarInput),
+}
+
+/// Device copies of a scalar argument's recent values. Scalars are immutable, so a value
+/// placed once serves every call that passes it again; not so for a donated argument, whose
+/// buffer the executable consumes.
+struct ScalarInput {
+    sharding: Py<PyAny>,
+    copies: Option<Mutex<Vec<ScalarCopy>>>,
+}
+
+/// A scalar value's device copy.
+type ScalarCopy = (ScalarBits, Py<PyAny>);
+
+/// A scalar value by its bits (so 0.0 and -0.0 differ, and a NaN equals itself).
+type ScalarBits = [u64; 2];
+
+/// How many values of one scalar argument keep device copies.
+const SCALAR_COPIES: usize = 4;
 
 pub struct Entry {
-    /// The executable's bound `execute_sharded`.
     execute_sharded: Py<PyAny>,
-    out_treedef: Py<PyAny>,
-    /// Whether the output tree is one bare leaf, which needs no unflattening.
-    single_output: bool,
-    /// The sharding of each executable input, in executable order.
-    in_shardings: Vec<Py<PyAny>>,
+    /// The output treedef's `unflatten`, or None when the output is one bare leaf.
+    unflatten: Option<Py<PyAny>>,
     out_handlers: Py<PyList>,
-    /// Whether each of `[const args..., flat args...]` is an executable input.
-    kept: Vec<bool>,
-    /// The position among the executable's inputs of each flat argument it takes.
-    positions: Vec<Option<usize>>,
-    const_args: Vec<Py<PyAny>>,
+    const_inputs: Vec<Py<PyAny>>,
+    inputs: Vec<Input>,
+    /// Whether the call's leaves are the executable's inputs as they are: every one an array
+    /// on its input sharding, no constants, none dropped.
+    passthrough: bool,
 }
 
 impl Entry {
-    /// Reads the tuple that `fastpjit._jax.jit_cache_miss` returns.
-    pub fn from_miss(entry: &Bound<'_, PyAny>) -> PyResult<Self> {
-        let part = |i: usize| entry.get_item(i);
-        let objects = |i: usize| -> PyResult<Vec<Py<PyAny>>> {
-            part(i)?.try_iter()?.map(|o| o.map(Bound::unbind)).collect()
-        };
-        let (executable, out_treedef) = (part(0)?, part(1)?);
-        let (in_shardings, out_handlers) = (objects(2)?, part(3)?.cast_into::<PyList>()?);
-        let (kept, const_args): (Vec<bool>, _) = (part(4)?.extract()?, objects(5)?);
-        let py = entry.py();
+    /// The entry of an executable compiled for calls of `signature`.
+    pub fn new(
+        py: Python<'_>,
+        h: &Handles,
+        fast: &FastPath,
+        signature: &CallSignature,
+    ) -> PyResult<Self> {
+        let num_args = signature.leaves.len();
+        if fast.donated.len() != num_args {
+            return Err(PyRuntimeError::new_err(format!(
+                "the cache miss described {} arguments for a call of {num_args}",
+                fast.donated.len()
+            )));
+        }
+        let num_consts = fast.const_args.len();
+        let const_inputs = fast
+            .const_args
+            .iter()
+            .zip(&fast.kept)
+            .filter(|(_, &kept)| kept)
+            .map(|(c, _)| c.clone_ref(py))
+            .collect();
+        let mut position = fast.kept[..num_consts].iter().filter(|&&k| k).count();
+        let mut inputs = Vec::with_capacity(num_args);
+        for (j, key) in signature.leaves.iter().enumerate() {
+            if !fast.kept[num_consts + j] {
+                inputs.push(Input::Dropped);
+                continue;
+            }
+            let sharding = fast.in_shardings[position].clone_ref(py);
+            position += 1;
+            inputs.push(match key {
+                LeafKey::Array { sharding: own, .. } => {
+                    let passes: bool =
+                        h.passes_as_is.bind(py).call1((own, &sharding))?.extract()?;
+                    if passes {
+                        Input::Pass
+                    } else {
+                        Input::Move(sharding)
+                    }
+                }
+                LeafKey::Host {
+                    kind: super::leaf::HostKind::Array,
+                    ..
+                } => Input::Host(sharding),
+                LeafKey::Host { .. } | LeafKey::Scalar(_) => Input::Scalar(ScalarInput {
+                    sharding,
+                    copies: (!fast.donated[j]).then(|| Mutex::new(Vec::new())),
+                }),
+            });
+        }
+        let out_treedef = fast.out_treedef.bind(py);
         let leaf_count: usize = out_treedef.getattr(intern!(py, "num_leaves"))?.extract()?;
         let node_count: usize = out_treedef.getattr(intern!(py, "num_nodes"))?.extract()?;
-        let mut taken = kept[..const_args.len().min(kept.len())]
-            .iter()
-            .filter(|&&k| k)
-            .count();
-        let positions = kept
-            .iter()
-            .skip(const_args.len())
-            .map(|&k| {
-                k.then(|| {
-                    taken += 1;
-                    taken - 1
-                })
+        let unflatten = (leaf_count != 1 || node_count != 1)
+            .then(|| {
+                out_treedef
+                    .getattr(intern!(py, "unflatten"))
+                    .map(Bound::unbind)
             })
-            .collect();
+            .transpose()?;
         Ok(Self {
-            execute_sharded: executable.getattr(intern!(py, "execute_sharded"))?.unbind(),
-            single_output: leaf_count == 1 && node_count == 1,
-            out_treedef: out_treedef.unbind(),
-            in_shardings,
-            out_handlers: out_handlers.unbind(),
-            kept,
-            positions,
-            const_args,
+            execute_sharded: fast
+                .executable
+                .bind(py)
+                .getattr(intern!(py, "execute_sharded"))?
+                .unbind(),
+            unflatten,
+            out_handlers: fast.out_handlers.clone_ref(py),
+            passthrough: num_consts == 0 && inputs.iter().all(|i| matches!(i, Input::Pass)),
+            const_inputs,
+            inputs,
         })
     }
 
-    /// Runs the executable on `leaves` (keyed by `signature`) and builds the output tree.
-    pub fn call<'py>(
+    /// Runs the executable on a call's `leaves`, read as `keys`; `moved` is the reason counted
+    /// for each argument that JAX moves.
+    pub fn run<'py>(
         &self,
         py: Python<'py>,
         h: &Handles,
         leaves: &[Bound<'py, PyAny>],
-        signature: &[LeafSignature],
-        kind: &str,
+        keys: &[LiveLeaf<'py>],
+        moved: &str,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let inputs = self.inputs(py, leaves.iter().zip(signature), |(leaf, key), sharding| {
-            prepare_input(py, h, leaf, key, sharding, kind)
-        })?;
-        self.run(py, h, inputs.as_any())
-    }
-
-    /// Takes, for each argument whose sharding (in `signature`) equals the executable's input
-    /// sharding, the argument's sharding object in its place, so that later calls with arrays
-    /// of that sharding (JAX shares sharding objects among arrays) match it by identity.
-    pub fn adopt_equal_shardings(
-        &mut self,
-        py: Python<'_>,
-        signature: &[LeafSignature],
-    ) -> PyResult<()> {
-        for (j, key) in signature.iter().enumerate() {
-            let LeafKind::Array { sharding, .. } = &key.kind else {
-                continue;
-            };
-            let Some(position) = self.input_position(j) else {
-                continue;
-            };
-            let own = &mut self.in_shardings[position];
-            if !own.is(&sharding.obj) && own.bind(py).eq(sharding.obj.bind(py))? {
-                *own = sharding.obj.clone_ref(py);
+        let inputs = if self.passthrough {
+            for (j, leaf) in leaves.iter().enumerate() {
+                check_live(h, leaf, j)?;
             }
-        }
-        Ok(())
-    }
-
-    /// The position among the executable's inputs of flat argument `j`, if it takes it.
-    fn input_position(&self, j: usize) -> Option<usize> {
-        self.positions.get(j).copied().flatten()
-    }
-
-    /// The executable's input sharding for flat argument `j`, if it takes that argument.
-    pub fn in_sharding_of_arg(&self, py: Python<'_>, j: usize) -> Option<Py<PyAny>> {
-        let position = self.input_position(j)?;
-        self.in_shardings.get(position).map(|s| s.clone_ref(py))
-    }
-
-    /// Whether the executable takes the call's flat arguments as they are: no constants, none
-    /// dropped.
-    pub fn takes_args_as_given(&self) -> bool {
-        self.const_args.is_empty() && self.kept.iter().all(|&k| k)
-    }
-
-    /// Runs a call whose `leaves` passed a fast key with leaves `keys`; `passthrough` says
-    /// that every leaf is an array the executable takes as it is.
-    pub fn call_fast<'py>(
-        &self,
-        py: Python<'py>,
-        h: &Handles,
-        leaves: &Bound<'py, PyTuple>,
-        keys: &[FastLeaf],
-        passthrough: bool,
-        kind: &str,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        // jaxlib can crash on a deleted or donated input, so every input is checked first.
-        if passthrough {
-            for leaf in leaves.iter_borrowed() {
-                h.check_not_deleted(&leaf)?;
-            }
-            return self.run(py, h, leaves.as_any());
-        }
-        let inputs = self.inputs(py, leaves.iter().zip(keys), |(leaf, key), sharding| {
-            Ok(match key {
-                FastLeaf::Array { direct: true, .. } => {
-                    h.check_not_deleted(&leaf)?;
-                    leaf
+            PyTuple::new(py, leaves)?
+        } else {
+            let mut inputs: Vec<Bound<'py, PyAny>> =
+                Vec::with_capacity(self.const_inputs.len() + leaves.len());
+            inputs.extend(self.const_inputs.iter().map(|c| c.bind(py).clone()));
+            for (j, ((input, leaf), key)) in self.inputs.iter().zip(leaves).zip(keys).enumerate() {
+                match input {
+                    Input::Dropped => {}
+                    Input::Pass => {
+                        check_live(h, leaf, j)?;
+                        inputs.push(leaf.clone());
+                    }
+                    Input::Move(sharding) => {
+                        check_live(h, leaf, j)?;
+                        count_fallback(moved);
+                        inputs.push(h.shard_arg.bind(py).call1((leaf, sharding))?);
+                    }
+                    Input::Host(sharding) => {
+                        inputs.push(put_host_value(leaf, sharding.bind(py), false)?);
+                    }
+                    Input::Scalar(scalar) => inputs.push(scalar.place(h, leaf, key)?),
                 }
-                FastLeaf::Array { direct: false, .. } => {
-                    h.check_not_deleted(&leaf)?;
-                    count_moved(kind);
-                    h.shard_arg.bind(py).call1((leaf, sharding))?
-                }
-                FastLeaf::Numpy { .. } => put_host_value(&leaf, sharding, false)?,
-            })
-        })?;
-        self.run(py, h, inputs.as_any())
-    }
-
-    /// The executable's inputs: the kept constants, then each kept argument as `prepare`
-    /// makes it for its input sharding.
-    fn inputs<'py, A>(
-        &self,
-        py: Python<'py>,
-        args: impl Iterator<Item = A>,
-        mut prepare: impl FnMut(A, &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>>,
-    ) -> PyResult<Bound<'py, PyTuple>> {
-        let num_consts = self.const_args.len();
-        let mut inputs: Vec<Bound<'py, PyAny>> = Vec::with_capacity(self.in_shardings.len());
-        for (i, c) in self.const_args.iter().enumerate() {
-            if self.kept[i] {
-                inputs.push(c.bind(py).clone());
             }
-        }
-        for (j, arg) in args.enumerate() {
-            if self.kept[num_consts + j] {
-                let sharding = self.in_shardings[inputs.len()].bind(py);
-                inputs.push(prepare(arg, sharding)?);
-            }
-        }
-        PyTuple::new(py, inputs)
-    }
-
-    fn run<'py>(
-        &self,
-        py: Python<'py>,
-        h: &Handles,
-        inputs: &Bound<'py, PyAny>,
-    ) -> PyResult<Bound<'py, PyAny>> {
+            PyTuple::new(py, inputs)?
+        };
         let results = self.execute_sharded.bind(py).call1((inputs,))?;
         h.count_execution(py);
         let outs = h
             .consume_with_handlers
             .bind(py)
             .call1((results, self.out_handlers.bind(py)))?;
-        if self.single_output {
-            return outs.get_item(0);
+        match &self.unflatten {
+            None => outs.get_item(0),
+            Some(unflatten) => unflatten.bind(py).call1((outs,)),
         }
-        self.out_treedef
-            .bind(py)
-            .call_method1(intern!(py, "unflatten"), (outs,))
+    }
+
+    /// The constants held, for the garbage collector.
+    pub fn constants(&self) -> &[Py<PyAny>] {
+        &self.const_inputs
     }
 }
 
-fn count_moved(kind: &str) {
-    count_fallback(&format!(
-        "{kind}: an argument moved to the executable's sharding by JAX"
-    ));
+/// Raises JAX's error for an array that was deleted or donated: jaxlib crashes on one.
+fn check_live(h: &Handles, array: &Bound<'_, PyAny>, position: usize) -> PyResult<()> {
+    let py = array.py();
+    if !h.array_is_deleted.bind(py).call1((array,))?.is_truthy()? {
+        return Ok(());
+    }
+    if !h.array_was_donated.bind(py).call1((array,))?.is_truthy()? {
+        return Err(deleted_error(array)?);
+    }
+    let shape = array
+        .getattr(intern!(py, "aval"))?
+        .call_method0(intern!(py, "str_short"))?;
+    Err(PyValueError::new_err(format!(
+        "Invalid buffer passed as argument {position} (flattened): the array of shape={shape} \
+         was donated to an earlier computation, so its buffer has been deleted or donated."
+    )))
 }
 
-/// One argument as the executable takes it: an array on `sharding`.
-fn prepare_input<'py>(
-    py: Python<'py>,
-    h: &Handles,
-    leaf: &Bound<'py, PyAny>,
-    key: &LeafSignature,
-    sharding: &Bound<'py, PyAny>,
-    kind: &str,
-) -> PyResult<Bound<'py, PyAny>> {
-    match &key.kind {
-        LeafKind::Array { sharding: own, .. } => {
-            h.check_not_deleted(leaf)?;
-            if own.obj.is(sharding) || own.obj.bind(py).eq(sharding)? {
-                Ok(leaf.clone())
-            } else {
-                count_moved(kind);
-                h.shard_arg.bind(py).call1((leaf, sharding))
+impl ScalarInput {
+    /// The scalar `leaf` on the input's sharding: a device copy of the same value if one is
+    /// kept, else placed now (and kept).
+    fn place<'py>(
+        &self,
+        h: &Handles,
+        leaf: &Bound<'py, PyAny>,
+        key: &LiveLeaf<'py>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let py = leaf.py();
+        let sharding = self.sharding.bind(py);
+        let (Some(copies), Some(bits)) = (&self.copies, scalar_bits(leaf, key)) else {
+            return put_host_value(leaf, sharding, false);
+        };
+        let lock = || copies.lock().unwrap_or_else(PoisonError::into_inner);
+        let kept = {
+            let copies = lock();
+            copies
+                .iter()
+                .find(|(b, _)| *b == bits)
+                .map(|(_, a)| a.clone_ref(py))
+        };
+        if let Some(array) = kept {
+            let array = array.into_bound(py);
+            // `jax.live_arrays()` can reach it and delete it.
+            if !h.array_is_deleted.bind(py).call1((&array,))?.is_truthy()? {
+                return Ok(array);
             }
         }
-        LeafKind::Numpy | LeafKind::Scalar => put_host_value(leaf, sharding, false),
+        let array = put_host_value(leaf, sharding, false)?;
+        let dropped = {
+            let mut copies = lock();
+            copies.retain(|(b, _)| *b != bits);
+            copies.insert(0, (bits, array.clone().unbind()));
+            let keep = copies.len().min(SCALAR_COPIES);
+            copies.split_off(keep)
+        };
+        drop(dropped);
+        Ok(array)
+    }
+}
+
+/// The bits of a scalar leaf's value; None for a Python int beyond 64 bits (which JAX rejects
+/// when it is placed).
+fn scalar_bits(leaf: &Bound<'_, PyAny>, key: &LiveLeaf<'_>) -> Option<ScalarBits> {
+    match key {
+        LiveLeaf::Scalar(ScalarKind::Bool) => {
+            let value = leaf.cast::<PyBool>().ok()?.is_true();
+            Some([u64::from(value), 0])
+        }
+        LiveLeaf::Scalar(ScalarKind::Int) => {
+            Some([leaf.cast::<PyInt>().ok()?.extract::<i64>().ok()? as u64, 0])
+        }
+        LiveLeaf::Scalar(ScalarKind::Float) => {
+            Some([leaf.cast::<PyFloat>().ok()?.value().to_bits(), 0])
+        }
+        LiveLeaf::Scalar(ScalarKind::Complex) => {
+            let value = leaf.cast::<PyComplex>().ok()?;
+            Some([value.real().to_bits(), value.imag().to_bits()])
+        }
+        LiveLeaf::Host {
+            descr: Some(descr), ..
+        } => {
+            let size = numpy::PyArrayDescrMethods::itemsize(descr);
+            if size > 16 {
+                return None;
+            }
+            let mut bytes = [0u8; 16];
+            // SAFETY: `leaf` is a numpy scalar of dtype `descr`, whose value fits the buffer.
+            unsafe {
+                PY_ARRAY_API.PyArray_ScalarAsCtype(
+                    leaf.py(),
+                    leaf.as_ptr(),
+                    bytes.as_mut_ptr().cast(),
+                );
+            }
+            let (low, high) = bytes.split_at(8);
+            Some([
+                u64::from_le_bytes(low.try_into().ok()?),
+                u64::from_le_bytes(high.try_into().ok()?),
+            ])
+        }
+        _ => None,
     }
 }

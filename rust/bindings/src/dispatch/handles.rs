@@ -1,20 +1,25 @@
-//! Python objects that every dispatch needs, fetched once.
+//! Python objects that every dispatch needs, fetched once from `fastpjit._jax`.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyTuple, PyType};
+use pyo3::types::PyType;
 
 use crate::jax::{attribute as get, private, type_attribute as get_type};
-use crate::transfer::deleted_error;
 
 pub struct Handles {
-    trace_context: Py<PyAny>,
-    jit_key_states: Vec<Py<PyAny>>,
-    config_value: Py<PyAny>,
+    pub trace_context: Py<PyAny>,
+    /// The jit key's states outside the trace context, and the getter of a state's value.
+    pub jit_key_states: Vec<Py<PyAny>>,
+    pub config_value: Py<PyAny>,
+    pub post_hook_state: Py<PyAny>,
+    /// Where `jax_disable_jit` sits in the trace context.
+    pub disable_jit_index: usize,
     pub flatten: Py<PyAny>,
     pub shard_arg: Py<PyAny>,
+    /// Whether an array on one sharding is an executable input on another as it is.
+    pub passes_as_is: Py<PyAny>,
     /// `ExecuteResults.consume_with_handlers`, unbound.
     pub consume_with_handlers: Py<PyAny>,
     /// jaxlib's `collect_garbage`, which drains the queue of Python objects it released, and
@@ -27,6 +32,9 @@ pub struct Handles {
     pub array_sharding: Py<PyAny>,
     pub array_committed: Py<PyAny>,
     pub array_is_deleted: Py<PyAny>,
+    /// Whether a deleted array was donated (its buffer given to a computation) rather than
+    /// deleted by `delete()`: JAX raises another error for each.
+    pub array_was_donated: Py<PyAny>,
     pub array_impl: Py<PyType>,
     pub ndarray: Py<PyType>,
     pub numpy_scalar: Py<PyType>,
@@ -51,8 +59,11 @@ pub fn handles(py: Python<'_>) -> PyResult<&Handles> {
                 .map(|state| state.map(Bound::unbind))
                 .collect::<PyResult<_>>()?,
             config_value: get(jax, "config_value")?,
+            post_hook_state: get(jax, "post_hook_state")?,
+            disable_jit_index: jax.getattr("DISABLE_JIT_INDEX")?.extract()?,
             flatten: get(jax, "flatten_for_dispatch")?,
             shard_arg: get(jax, "shard_arg")?,
+            passes_as_is: get(jax, "passes_as_is")?,
             consume_with_handlers: get(jax, "consume_with_handlers")?,
             collect_garbage: get(jax, "collect_garbage")?,
             executions: AtomicU32::new(0),
@@ -60,6 +71,7 @@ pub fn handles(py: Python<'_>) -> PyResult<&Handles> {
             array_sharding: get(jax, "array_sharding")?,
             array_committed: get(jax, "array_committed")?,
             array_is_deleted: get(jax, "array_is_deleted")?,
+            array_was_donated: get(jax, "array_was_donated")?,
             array_impl: get_type(jax, "ArrayImpl")?,
             ndarray: get_type(&numpy, "ndarray")?,
             numpy_scalar: get_type(&numpy, "generic")?,
@@ -68,20 +80,6 @@ pub fn handles(py: Python<'_>) -> PyResult<&Handles> {
 }
 
 impl Handles {
-    /// Raises JAX's error if `array` (a `jaxlib` array) was deleted or donated.
-    pub fn check_not_deleted(&self, array: &Bound<'_, PyAny>) -> PyResult<()> {
-        let py = array.py();
-        if self
-            .array_is_deleted
-            .bind(py)
-            .call1((array,))?
-            .is_truthy()?
-        {
-            return Err(deleted_error(array)?);
-        }
-        Ok(())
-    }
-
     /// Counts one execution through `execute_sharded`, which leaves a Python object in jaxlib's
     /// queue of released objects, and drains the queue every `EXECUTIONS_PER_DRAIN` of them.
     /// Nothing else would in a loop of cached calls: jaxlib drains it in its own dispatch, which
@@ -94,42 +92,5 @@ impl Handles {
                 err.write_unraisable(py, None);
             }
         }
-    }
-
-    /// JAX's jit key as one flat tuple: the trace context (x64, meshes in context, ...) and
-    /// then the values of the states that only the compile sees.
-    pub fn jit_key<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
-        let context = self.trace_context.bind(py).call0()?;
-        let context = context.cast::<PyTuple>()?;
-        let mut items: Vec<Bound<'py, PyAny>> =
-            Vec::with_capacity(context.len() + self.jit_key_states.len());
-        items.extend(context.iter());
-        for state in &self.jit_key_states {
-            items.push(self.config_value.bind(py).call1((state,))?);
-        }
-        PyTuple::new(py, items)
-    }
-
-    /// Whether JAX's jit key now is `stored` (as `jit_key` built it), item by item by
-    /// identity; builds no tuple.
-    pub fn jit_key_is(&self, py: Python<'_>, stored: &Bound<'_, PyTuple>) -> PyResult<bool> {
-        let context = self.trace_context.bind(py).call0()?;
-        let context = context.cast::<PyTuple>()?;
-        if context.len() + self.jit_key_states.len() != stored.len() {
-            return Ok(false);
-        }
-        let mut stored = stored.iter_borrowed();
-        for item in context.iter_borrowed() {
-            if stored.next().is_none_or(|s| !s.is(item)) {
-                return Ok(false);
-            }
-        }
-        for state in &self.jit_key_states {
-            let value = self.config_value.bind(py).call1((state,))?;
-            if stored.next().is_none_or(|s| !s.is(&value)) {
-                return Ok(false);
-            }
-        }
-        Ok(true)
     }
 }

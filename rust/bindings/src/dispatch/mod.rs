@@ -1,237 +1,320 @@
-//! The jit dispatcher: a call goes straight into Rust, which keys it, finds the executable and
-//! runs it; only a cache miss (or a call JAX must trace) runs Python.
+//! The jit dispatcher: a call goes straight into Rust, which keys it by its call signature,
+//! finds the cache entry and runs its executable; only a cache miss, or a call that JAX must
+//! run, runs Python.
+//!
+//! - `context`: JAX's jit key (trace context, trace state, ...), read on every call.
+//! - `tree`, `leaf`: a call flattened in JAX's order, and each leaf as the signature sees it.
+//! - `signature`: the call signature, compared by identity first and by value on a miss.
+//! - `entry`: a cached executable and how each argument becomes its input.
+//! - `miss`: the typed contract with the cache miss that Python runs.
 
+mod context;
 mod entry;
-mod fast;
 mod handles;
+mod leaf;
+mod miss;
 mod signature;
+mod tree;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::thread::{self, ThreadId};
 
-use pyo3::exceptions::PyOverflowError;
+use fastpjit_core::{LruBuckets, SlotRef};
+use pyo3::exceptions::{PyOverflowError, PyRuntimeError};
 use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyString, PyTuple};
+use pyo3::types::{PyDict, PyString, PyTuple};
 use pyo3::PyTraverseError;
 
 use crate::stats::{count, count_fallback, Counter};
+use context::LiveContext;
 use entry::Entry;
-use fast::{FastKey, Structure};
-use handles::handles;
-use signature::{Hashed, Signature, Tree, Unkeyable};
+use handles::{handles, Handles};
+use leaf::LiveLeaf;
+pub use miss::{CacheMiss, FastPath};
+use signature::{CallSignature, LiveCall, StaticArgs, Unkeyable};
+use tree::Tree;
 
-/// A cached executable under its key.
+/// What a cache entry holds once its miss has run.
+enum Outcome {
+    Run(Entry),
+    /// JAX runs such calls (effects, outputs that are not arrays, an active trace); why.
+    Jax(String),
+}
+
+/// A cache entry: a signature, and what calls of it do, once the thread that missed on it
+/// has found out. Other threads that call with the signature meanwhile wait for it.
 struct Cached {
-    signature: Signature,
-    entry: Entry,
+    signature: CallSignature,
+    /// Its place in the cache, to mark it used.
+    at: OnceLock<SlotRef>,
+    outcome: OnceLock<Outcome>,
+    compiling: Mutex<Option<ThreadId>>,
+    done: Condvar,
 }
 
-/// The latest flat call: its executable, and the identities that a repeat of it shows.
-struct Latest {
-    cached: Arc<Cached>,
-    key: FastKey,
+impl Cached {
+    fn finish(&self) {
+        *lock(&self.compiling) = None;
+        self.done.notify_all();
+    }
 }
 
-/// Executables by the hash of their key, bounded, least recently used evicted first.
-struct JitCache {
-    buckets: HashMap<u64, Vec<(Arc<Cached>, u64)>>,
-    len: usize,
-    clock: u64,
+/// What became of waiting for another thread's miss.
+enum Waited {
+    Done,
+    /// This thread is the one running the miss.
+    OwnMiss,
 }
 
-impl JitCache {
-    fn new() -> Self {
+/// The reasons that this function's fallbacks are counted under.
+struct Reasons {
+    kind: String,
+    moved: String,
+    disabled: String,
+    unkeyable: String,
+    unhashable: String,
+    overflow: String,
+    recursion: String,
+}
+
+impl Reasons {
+    fn unkeyable(&self, why: Unkeyable) -> &str {
+        match why {
+            Unkeyable::Leaf => &self.unkeyable,
+            Unkeyable::UnhashableStatic => &self.unhashable,
+        }
+    }
+
+    fn of(kind: &str) -> Self {
         Self {
-            buckets: HashMap::new(),
-            len: 0,
-            clock: 0,
+            kind: kind.to_owned(),
+            moved: format!("{kind}: an argument moved to the executable's sharding by JAX"),
+            disabled: format!("{kind}: jax.disable_jit is on; JAX runs the call"),
+            unkeyable: format!(
+                "{kind}: an argument is a tracer or not an array; JAX runs the call"
+            ),
+            unhashable: format!("{kind}: a static argument has no hash; JAX raises its error"),
+            overflow: format!("{kind}: a Python int too large for its dtype; JAX raises its error"),
+            recursion: format!("{kind}: a call made while its own cache miss runs; JAX runs it"),
         }
-    }
-
-    fn candidates(&mut self, hash: u64) -> Vec<Arc<Cached>> {
-        self.clock += 1;
-        let clock = self.clock;
-        self.buckets.get_mut(&hash).map_or_else(Vec::new, |bucket| {
-            bucket
-                .iter_mut()
-                .map(|(cached, used)| {
-                    *used = clock;
-                    cached.clone()
-                })
-                .collect()
-        })
-    }
-
-    fn insert(&mut self, cached: Arc<Cached>, capacity: usize) {
-        if self.len >= capacity {
-            self.evict_oldest();
-        }
-        self.clock += 1;
-        self.buckets
-            .entry(cached.signature.hash)
-            .or_default()
-            .push((cached, self.clock));
-        self.len += 1;
-    }
-
-    fn evict_oldest(&mut self) {
-        let oldest = self
-            .buckets
-            .iter()
-            .flat_map(|(&hash, bucket)| {
-                bucket
-                    .iter()
-                    .enumerate()
-                    .map(move |(i, (_, used))| (*used, hash, i))
-            })
-            .min();
-        if let Some((_, hash, i)) = oldest {
-            let bucket = self.buckets.get_mut(&hash).expect("the bucket just seen");
-            bucket.swap_remove(i);
-            if bucket.is_empty() {
-                self.buckets.remove(&hash);
-            }
-            self.len -= 1;
-        }
-    }
-
-    fn clear(&mut self) {
-        self.buckets.clear();
-        self.len = 0;
     }
 }
 
-/// What a miss returns: the outputs, the entry to cache (None if JAX keeps the function off
-/// its fast path), the backend compiles it ran, and why JAX compiled it, if JAX did.
-type MissResult<'py> = (Bound<'py, PyAny>, Bound<'py, PyAny>, u64, Option<String>);
+/// How many trees a function remembers, most recently used first.
+const TREES: usize = 16;
 
-/// A call split into its static arguments and the dynamic rest.
-struct SplitCall<'py> {
-    statics: Vec<Bound<'py, PyAny>>,
-    args: Bound<'py, PyTuple>,
-    kwargs: Bound<'py, PyDict>,
-}
-
-/// The dispatcher behind `fastpjit.jit` and its compiled (AOT) functions; Python subclasses
-/// add `lower`, `trace`, ...
-#[pyclass(module = "fastpjit._core", subclass)]
+/// The dispatcher behind `fastpjit.jit`, `fastpjit.pmap` and compiled (AOT) functions;
+/// Python subclasses add `lower`, `trace`, ...
+#[pyclass(module = "fastpjit._core", subclass, frozen)]
 pub struct JitFunction {
     /// JAX's callable for the same computation (`jax.jit(f)`, or a `Compiled`): it runs every
-    /// call that JAX must handle (tracers, unhashable statics).
-    fallback: Option<Py<PyAny>>,
-    /// `miss(args, kwargs) -> MissResult`: the cache miss.
-    miss: Option<Py<PyAny>>,
-    /// Positions of static arguments; a negative one counts from the end of the call's.
-    static_argnums: Vec<isize>,
-    static_argnames: Vec<Py<PyString>>,
-    capacity: usize,
-    /// What the function is (`jit`, `pmap`, `compiled`), for the reasons of its fallbacks.
-    kind: String,
-    cache: Mutex<JitCache>,
-    /// The latest flat call, tried first by identity.
-    latest: Mutex<Option<Arc<Latest>>>,
+    /// call that JAX must handle (tracers, `disable_jit`, effects).
+    fallback: Mutex<Option<Py<PyAny>>>,
+    /// `miss(args, kwargs) -> CacheMiss`: the cache miss.
+    miss: Mutex<Option<Py<PyAny>>>,
+    statics: StaticArgs,
+    reasons: Reasons,
+    cache: Mutex<LruBuckets<Arc<Cached>>>,
+    /// The entry of the latest hit or miss, tried first: calls tend to repeat.
+    latest: Mutex<Option<Arc<Cached>>>,
+    trees: Mutex<Vec<Arc<Tree>>>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl JitFunction {
-    fn latest(&self) -> Option<Arc<Latest>> {
-        self.latest
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-
-    /// Remembers `cached` as the executable of a call of positional `args`, keyed by
-    /// `signature` with leaves `leaves`, when a repeat of it can be recognised by identity.
-    fn set_latest(
-        &self,
-        py: Python<'_>,
-        cached: &Arc<Cached>,
-        signature: &Signature,
-        args: &Bound<'_, PyTuple>,
-        leaves: &[Bound<'_, PyAny>],
-    ) -> PyResult<()> {
-        let key = FastKey::new(py, args, leaves, signature, &cached.entry)?;
-        *self.latest.lock().unwrap_or_else(PoisonError::into_inner) = key.map(|key| {
-            Arc::new(Latest {
-                cached: cached.clone(),
-                key,
-            })
-        });
-        Ok(())
-    }
-
-    /// A callable slot; `None` only after the garbage collector cleared it.
-    fn callable<'a, 'py>(
+    fn callable<'py>(
         py: Python<'py>,
-        slot: Option<&'a Py<PyAny>>,
-    ) -> PyResult<&'a Bound<'py, PyAny>> {
-        slot.map(|f| f.bind(py)).ok_or_else(|| {
-            pyo3::exceptions::PyRuntimeError::new_err("this jit function was cleared")
-        })
+        slot: &Mutex<Option<Py<PyAny>>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        lock(slot)
+            .as_ref()
+            .map(|f| f.bind(py).clone())
+            .ok_or_else(|| PyRuntimeError::new_err("this jit function was cleared"))
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, JitCache> {
-        self.cache.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Splits a call into static arguments (by position, then name) and the dynamic rest.
-    fn split<'py>(
+    /// Hands the call to JAX, counting why.
+    fn to_jax<'py>(
         &self,
         py: Python<'py>,
+        reason: &str,
         args: &Bound<'py, PyTuple>,
         kwargs: Option<&Bound<'py, PyDict>>,
-    ) -> PyResult<SplitCall<'py>> {
-        let mut statics = Vec::new();
-        let dynamic_args = if self.static_argnums.is_empty() {
-            args.clone()
-        } else {
-            let mut dynamic = Vec::with_capacity(args.len());
-            for (i, arg) in args.iter().enumerate() {
-                let from_end = i as isize - args.len() as isize;
-                if self
-                    .static_argnums
-                    .iter()
-                    .any(|&n| n == i as isize || n == from_end)
-                {
-                    statics.push(arg);
-                } else {
-                    dynamic.push(arg);
-                }
-            }
-            PyTuple::new(py, dynamic)?
-        };
-        let dynamic_kwargs = PyDict::new(py);
-        if let Some(kwargs) = kwargs {
-            for (name, value) in kwargs.iter() {
-                if self
-                    .static_argnames
-                    .iter()
-                    .any(|s| s.bind(py).as_any().eq(&name).unwrap_or(false))
-                {
-                    statics.push(PyTuple::new(py, [name, value])?.into_any());
-                } else {
-                    dynamic_kwargs.set_item(name, value)?;
-                }
-            }
-        }
-        Ok(SplitCall {
-            statics,
-            args: dynamic_args,
-            kwargs: dynamic_kwargs,
-        })
+    ) -> PyResult<Bound<'py, PyAny>> {
+        count_fallback(reason);
+        Self::callable(py, &self.fallback)?.call(args, kwargs)
     }
 
-    fn lookup(&self, py: Python<'_>, signature: &Signature) -> PyResult<Option<Arc<Cached>>> {
-        // Comparing keys may run Python (`__eq__`), so it happens outside the lock.
-        let candidates = self.lock().candidates(signature.hash);
-        for cached in candidates {
-            if cached.signature.matches(py, signature)? {
+    /// Flattens the call's dynamic arguments and reads their leaves, against the latest
+    /// entry's tree when the call has it; false if JAX must handle a leaf.
+    fn flatten<'py>(
+        &self,
+        py: Python<'py>,
+        h: &Handles,
+        call: &mut LiveCall<'py>,
+        latest: Option<&Arc<Cached>>,
+    ) -> PyResult<bool> {
+        if let Some(latest) = latest {
+            let tree = &latest.signature.tree;
+            let mut leaves = Vec::with_capacity(tree.num_leaves);
+            if tree.flatten(h, &call.dynamic, &mut leaves)? && read_leaves(h, call, &leaves)? {
+                call.tree = tree.clone();
+                call.leaves = leaves;
+                return Ok(true);
+            }
+        }
+        let Some((tree, leaves)) = Tree::derive(py, h, &call.dynamic)? else {
+            return Ok(false);
+        };
+        if !read_leaves(h, call, &leaves)? {
+            return Ok(false);
+        }
+        call.tree = self.intern(py, tree)?;
+        call.leaves = leaves;
+        Ok(true)
+    }
+
+    /// The function's own copy of `tree`, shared by the entries that have it.
+    fn intern(&self, py: Python<'_>, tree: Tree) -> PyResult<Arc<Tree>> {
+        let known: Vec<Arc<Tree>> = lock(&self.trees)
+            .iter()
+            .filter(|t| t.hash == tree.hash)
+            .cloned()
+            .collect();
+        for candidate in known {
+            if candidate.same(py, &tree)? {
+                return Ok(candidate);
+            }
+        }
+        let tree = Arc::new(tree);
+        let dropped = {
+            let mut trees = lock(&self.trees);
+            trees.insert(0, tree.clone());
+            let keep = trees.len().min(TREES);
+            trees.split_off(keep)
+        };
+        drop(dropped);
+        Ok(tree)
+    }
+
+    /// The cache entry whose signature `call` has, if any.
+    fn lookup(&self, call: &LiveCall<'_>, hash: u64) -> PyResult<Option<Arc<Cached>>> {
+        // Comparing signatures may run Python (`__eq__`), so it happens outside the lock.
+        let candidates = lock(&self.cache).bucket(hash);
+        for (_, cached) in candidates {
+            if cached.signature.matches(call)? {
                 return Ok(Some(cached));
             }
         }
         Ok(None)
     }
+
+    /// Waits, without the GIL, until another thread's miss on `cached` is done.
+    fn wait(py: Python<'_>, cached: &Cached) -> Waited {
+        let me = thread::current().id();
+        match *lock(&cached.compiling) {
+            None => return Waited::Done,
+            Some(thread) if thread == me => return Waited::OwnMiss,
+            Some(_) => {}
+        }
+        py.detach(|| {
+            let mut compiling = lock(&cached.compiling);
+            while compiling.is_some() {
+                compiling = cached
+                    .done
+                    .wait(compiling)
+                    .unwrap_or_else(PoisonError::into_inner);
+            }
+        });
+        Waited::Done
+    }
+
+    /// Runs the cache miss of `call`, whose signature `signature` is then cached; returns the
+    /// outputs.
+    fn run_miss<'py>(
+        &self,
+        py: Python<'py>,
+        h: &Handles,
+        signature: CallSignature,
+        args: &Bound<'py, PyTuple>,
+        kwargs: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        count(Counter::CacheMiss);
+        let hash = signature.hash;
+        let cached = Arc::new(Cached {
+            signature,
+            at: OnceLock::new(),
+            outcome: OnceLock::new(),
+            compiling: Mutex::new(Some(thread::current().id())),
+            done: Condvar::new(),
+        });
+        let (at, evicted) = lock(&self.cache).insert(hash, cached.clone());
+        drop(evicted);
+        let _ = cached.at.set(at);
+        let result = self.miss_outcome(py, h, &cached, args, kwargs);
+        if result.is_err() {
+            let removed = lock(&self.cache).remove(at);
+            drop(removed);
+        } else {
+            *lock(&self.latest) = Some(cached.clone());
+        }
+        cached.finish();
+        result
+    }
+
+    fn miss_outcome<'py>(
+        &self,
+        py: Python<'py>,
+        h: &Handles,
+        cached: &Cached,
+        args: &Bound<'py, PyTuple>,
+        kwargs: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let kwargs = kwargs.map_or_else(|| PyDict::new(py), Clone::clone);
+        let miss = Self::callable(py, &self.miss)?
+            .call1((args, kwargs))?
+            .cast_into::<CacheMiss>()?;
+        let miss = miss.get();
+        count(Counter::Compile(miss.compiles));
+        let kind = &self.reasons.kind;
+        let outcome = match &miss.fast_path {
+            None => {
+                let why = miss.jax_reason.as_deref().unwrap_or("no reason given");
+                let reason = format!("{kind}: JAX runs the call: {why}");
+                count_fallback(&reason);
+                Outcome::Jax(reason)
+            }
+            Some(fast) => {
+                if let Some(why) = &miss.jax_reason {
+                    count_fallback(&format!("{kind}: JAX compiled the call: {why}"));
+                }
+                Outcome::Run(Entry::new(py, h, fast.get(), &cached.signature)?)
+            }
+        };
+        // Only the thread that inserted the entry sets its outcome.
+        let _ = cached.outcome.set(outcome);
+        Ok(miss.outputs.bind(py).clone())
+    }
+}
+
+/// Reads every leaf of `call`; false if one is not a value the dispatcher keys.
+fn read_leaves<'py>(
+    h: &Handles,
+    call: &mut LiveCall<'py>,
+    leaves: &[Bound<'py, PyAny>],
+) -> PyResult<bool> {
+    call.keys.clear();
+    call.keys.reserve(leaves.len());
+    for leaf in leaves {
+        let Some(key) = LiveLeaf::read(h, leaf)? else {
+            return Ok(false);
+        };
+        call.keys.push(key);
+    }
+    Ok(true)
 }
 
 #[pymethods]
@@ -247,138 +330,153 @@ impl JitFunction {
         capacity: usize,
     ) -> Self {
         Self {
-            fallback: Some(fallback),
-            miss: Some(miss),
-            static_argnums,
-            static_argnames,
-            capacity: capacity.max(1),
-            kind: kind.to_owned(),
-            cache: Mutex::new(JitCache::new()),
+            fallback: Mutex::new(Some(fallback)),
+            miss: Mutex::new(Some(miss)),
+            statics: StaticArgs {
+                argnums: static_argnums,
+                argnames: static_argnames,
+            },
+            reasons: Reasons::of(kind),
+            cache: Mutex::new(LruBuckets::new(capacity)),
             latest: Mutex::new(None),
+            trees: Mutex::new(Vec::new()),
         }
     }
 
     #[pyo3(signature = (*args, **kwargs))]
     fn __call__<'py>(
-        &self,
-        py: Python<'py>,
+        slf: &Bound<'py, Self>,
         args: &Bound<'py, PyTuple>,
         kwargs: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        let this = slf.get();
         let h = handles(py)?;
-        let positional_only =
-            kwargs.is_none_or(PyDictMethods::is_empty) && self.static_argnums.is_empty();
-        if positional_only {
-            if let Some(latest) = self.latest() {
-                if let Some(leaves) = latest.key.matches(py, h, args)? {
-                    count(Counter::CacheHit);
-                    return latest.cached.entry.call_fast(
-                        py,
-                        h,
-                        &leaves,
-                        &latest.key.leaves,
-                        latest.key.passthrough,
-                        &self.kind,
-                    );
-                }
-            }
+        let context = LiveContext::read(py, h)?;
+        if context.jit_disabled(h)? {
+            return this.to_jax(py, &this.reasons.disabled, args, kwargs);
         }
-        let call = self.split(py, args, kwargs)?;
-        let (leaves, tree) = if let Some((structure, leaves)) =
-            Structure::flatten_call(h, &call.args, &call.kwargs)?
-        {
-            (leaves, Tree::Rust(Arc::new(structure)))
-        } else {
-            // Custom pytree nodes (and unusual leaves): JAX's registry flattens the call.
-            let (leaves, treedef): (Bound<'py, PyList>, Bound<'py, PyAny>) = h
-                .flatten
-                .bind(py)
-                .call1(((&call.args, &call.kwargs),))?
-                .extract()?;
-            (leaves.iter().collect(), Tree::Jax(Hashed::new(&treedef)?))
+        let mut call = LiveCall::split(&this.statics, args, kwargs, context)?;
+        let latest = lock(&this.latest).clone();
+        if !this.flatten(py, h, &mut call, latest.as_ref())? {
+            return this.to_jax(py, this.reasons.unkeyable(Unkeyable::Leaf), args, kwargs);
+        }
+        let mut found = match latest {
+            Some(latest) if latest.signature.matches(&call)? => Some(latest),
+            _ => None,
         };
-        let signature = match Signature::new(py, h, &call.statics, tree, &leaves, positional_only)?
-        {
-            Ok(signature) => signature,
-            Err(reason) => {
-                let why = match reason {
-                    Unkeyable::Leaf => "an argument is a tracer or not an array; JAX runs the call",
-                    Unkeyable::UnhashableStatic => {
-                        "a static argument has no hash; JAX runs the call"
-                    }
+        loop {
+            let cached = if let Some(cached) = found.take() {
+                cached
+            } else {
+                let hash = match call.hash()? {
+                    Ok(hash) => hash,
+                    Err(why) => return this.to_jax(py, this.reasons.unkeyable(why), args, kwargs),
                 };
-                count_fallback(&format!("{}: {why}", self.kind));
-                return Self::callable(py, self.fallback.as_ref())?.call(args, kwargs);
-            }
-        };
-        if let Some(cached) = self.lookup(py, &signature)? {
-            count(Counter::CacheHit);
-            self.set_latest(py, &cached, &signature, args, &leaves)?;
-            return match cached
-                .entry
-                .call(py, h, &leaves, &signature.leaves, &self.kind)
-            {
-                // A Python int too large for its dtype: JAX's own path names the argument.
-                Err(err) if err.is_instance_of::<PyOverflowError>(py) => {
-                    Self::callable(py, self.fallback.as_ref())?.call(args, kwargs)
+                if let Some(cached) = this.lookup(&call, hash)? {
+                    cached
+                } else {
+                    let Some(signature) = CallSignature::keep(&call, hash)? else {
+                        let reason = this.reasons.unkeyable(Unkeyable::Leaf);
+                        return this.to_jax(py, reason, args, kwargs);
+                    };
+                    return this.run_miss(py, h, signature, args, kwargs);
                 }
-                result => result,
             };
+            match cached.outcome.get() {
+                Some(Outcome::Run(entry)) => {
+                    count(Counter::CacheHit);
+                    if let Some(&at) = cached.at.get() {
+                        lock(&this.cache).touch(at);
+                    }
+                    if !latest_is(&this.latest, &cached) {
+                        *lock(&this.latest) = Some(cached.clone());
+                    }
+                    let out = match entry.run(py, h, &call.leaves, &call.keys, &this.reasons.moved)
+                    {
+                        Err(err) if err.is_instance_of::<PyOverflowError>(py) => {
+                            // A Python int too large for its dtype: JAX's path names it.
+                            return this.to_jax(py, &this.reasons.overflow, args, kwargs);
+                        }
+                        out => out?,
+                    };
+                    if let Some(hook) = call.context.post_hook() {
+                        let kwargs = kwargs.map_or_else(|| PyDict::new(py), Clone::clone);
+                        hook.call1((slf, args, kwargs, &out))?;
+                    }
+                    return Ok(out);
+                }
+                Some(Outcome::Jax(reason)) => return this.to_jax(py, reason, args, kwargs),
+                None => match Self::wait(py, &cached) {
+                    Waited::Done => {}
+                    Waited::OwnMiss => {
+                        return this.to_jax(py, &this.reasons.recursion, args, kwargs);
+                    }
+                },
+            }
         }
-        count(Counter::CacheMiss);
-        let kwargs = kwargs.map_or_else(|| PyDict::new(py), Clone::clone);
-        let (outs, entry, compiles, jax_compiled): MissResult<'py> =
-            Self::callable(py, self.miss.as_ref())?
-                .call1((args, kwargs))?
-                .extract()?;
-        count(Counter::Compile(compiles));
-        if entry.is_none() {
-            let why = jax_compiled.as_deref().unwrap_or("no reason given");
-            count_fallback(&format!("{}: JAX runs the call: {why}", self.kind));
-            return Ok(outs);
-        }
-        if let Some(why) = &jax_compiled {
-            count_fallback(&format!("{}: JAX compiled the call: {why}", self.kind));
-        }
-        if let Some(cached) = self.lookup(py, &signature)? {
-            // Another thread missed on the same key meanwhile and cached its executable.
-            self.set_latest(py, &cached, &signature, args, &leaves)?;
-        } else {
-            let mut entry = Entry::from_miss(&entry)?;
-            entry.adopt_equal_shardings(py, &signature.leaves)?;
-            let cached = Arc::new(Cached { signature, entry });
-            self.set_latest(py, &cached, &cached.signature, args, &leaves)?;
-            self.lock().insert(cached, self.capacity);
-        }
-        Ok(outs)
     }
 
     /// The number of executables cached.
     #[pyo3(name = "_cache_size")]
     fn cache_size(&self) -> usize {
-        self.lock().len
+        lock(&self.cache).len()
     }
 
     /// Forgets every cached executable.
     #[pyo3(name = "_clear_cache")]
     fn clear_cache(&self) {
-        self.lock().clear();
-        *self.latest.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        let entries = lock(&self.cache).drain();
+        let latest = lock(&self.latest).take();
+        let trees = std::mem::take(&mut *lock(&self.trees));
+        drop((entries, latest, trees));
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        for callable in [&self.fallback, &self.miss].into_iter().flatten() {
-            visit.call(callable)?;
+        for slot in [&self.fallback, &self.miss] {
+            if let Ok(callable) = slot.try_lock() {
+                visit.call(callable.as_ref())?;
+            }
         }
-        for name in &self.static_argnames {
+        for name in &self.statics.argnames {
             visit.call(name)?;
+        }
+        if let Ok(cache) = self.cache.try_lock() {
+            for cached in cache.values() {
+                for value in cached.signature.statics() {
+                    visit.call(value)?;
+                }
+                if let Some(Outcome::Run(entry)) = cached.outcome.get() {
+                    for constant in entry.constants() {
+                        visit.call(constant)?;
+                    }
+                }
+            }
         }
         Ok(())
     }
 
-    fn __clear__(&mut self) {
-        self.fallback = None;
-        self.miss = None;
+    fn __clear__(&self) {
+        let callables = [lock(&self.fallback).take(), lock(&self.miss).take()];
+        drop(callables);
         self.clear_cache();
     }
+}
+
+fn latest_is(latest: &Mutex<Option<Arc<Cached>>>, cached: &Arc<Cached>) -> bool {
+    lock(latest)
+        .as_ref()
+        .is_some_and(|l| Arc::ptr_eq(l, cached))
+}
+
+/// Forgets the avals and shardings that the dispatcher remembers (`jax.clear_caches()`).
+#[pyfunction]
+pub fn clear_dispatch_memo() {
+    leaf::clear_memo();
+}
+
+/// How many avals and shardings the dispatcher remembers.
+#[pyfunction]
+pub fn dispatch_memo_sizes() -> (usize, usize) {
+    leaf::memo_sizes()
 }

@@ -1,272 +1,327 @@
-//! The cache key of a call: what JAX's jit keys its executables on. Static arguments by hash
-//! and equality, the argument tree, each leaf's type, shape, dtype, weak type, sharding and
-//! commitment, and JAX's trace context (x64, meshes in context, ...).
+//! The call signature: what tells apart two calls that may need different executables, as
+//! JAX's jit keys them (`jaxlib/pjit.cc`'s `CallSignature`). Static arguments by type, hash
+//! and `==`, positional and keyword ones apart; keyword arguments by name; the tree of the
+//! dynamic arguments; each leaf's signature (see `leaf`); and JAX's jit key (see `context`).
+//!
+//! A call is read into a `LiveCall`, which borrows the call's objects; a cache entry keeps a
+//! `CallSignature`, which holds every object it compares. A hit compares the two without
+//! building a signature: by identity first, by value only where identity differs.
 
-use pyo3::intern;
-use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyComplex, PyFloat, PyInt, PyTuple};
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
-use super::fast::Structure;
-use super::handles::Handles;
-use crate::cache::BoundedCache;
+use numpy::{PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyString, PyTuple};
+use rustc_hash::FxHasher;
 
-/// A Python object compared by identity first, then by `==`, with its Python hash.
-pub struct Hashed {
-    pub obj: Py<PyAny>,
-    pub hash: isize,
+use super::context::{Context, LiveContext};
+use super::leaf::{
+    array_hashes, aval_value, host_shape, AvalValue, DtypeKey, HostKind, LiveLeaf, ScalarKind,
+};
+use super::tree::Tree;
+
+/// Which arguments are static, as the jitted function declares them.
+pub struct StaticArgs {
+    /// Positions; a negative one counts from the end of the call's positional arguments.
+    pub argnums: Vec<isize>,
+    pub argnames: Vec<Py<PyString>>,
 }
 
-impl Hashed {
-    pub fn new(obj: &Bound<'_, PyAny>) -> PyResult<Self> {
-        Ok(Self {
-            hash: obj.hash()?,
-            obj: obj.clone().unbind(),
-        })
-    }
-
-    fn matches(&self, py: Python<'_>, other: &Self) -> PyResult<bool> {
-        if self.obj.is(&other.obj) {
-            return Ok(true);
-        }
-        Ok(self.hash == other.hash && self.obj.bind(py).eq(other.obj.bind(py))?)
-    }
+/// A call's arguments split as its signature needs them.
+pub struct LiveCall<'py> {
+    pub num_args: usize,
+    /// The dynamic arguments in JAX's order: positional ones, then keyword ones by name.
+    pub dynamic: Vec<Bound<'py, PyAny>>,
+    pub kwnames: Vec<Bound<'py, PyString>>,
+    pub statics: Vec<Bound<'py, PyAny>>,
+    pub static_names: Vec<Bound<'py, PyString>>,
+    pub tree: Arc<Tree>,
+    pub leaves: Vec<Bound<'py, PyAny>>,
+    pub keys: Vec<LiveLeaf<'py>>,
+    pub context: LiveContext<'py>,
 }
 
-/// The hashes of sharding objects by identity (held, so the identity stays valid): JAX's
-/// shardings hash in Python, and an array's sharding object is shared by many arrays.
-static SHARDING_HASHES: BoundedCache<usize, Arc<(Py<PyAny>, isize)>> = BoundedCache::new(1024);
-
-/// A sharding as a key, its hash computed once per sharding object.
-fn sharding_key(sharding: &Bound<'_, PyAny>) -> PyResult<Hashed> {
-    let id = sharding.as_ptr() as usize;
-    let hash = if let Some(entry) = SHARDING_HASHES.get(&id) {
-        entry.1
-    } else {
-        let hash = sharding.hash()?;
-        SHARDING_HASHES.insert(id, Arc::new((sharding.clone().unbind(), hash)));
-        hash
-    };
-    Ok(Hashed {
-        obj: sharding.clone().unbind(),
-        hash,
-    })
-}
-
-/// How one flattened argument enters the executable.
-pub enum LeafKind {
-    /// A `jax.Array`; the sharding is compared by identity, then equality. The aval is kept
-    /// for the identity checks of the fast path.
-    Array {
-        sharding: Hashed,
-        committed: bool,
-        aval: Py<PyAny>,
-    },
-    /// A numpy array or numpy scalar, placed by the Rust shard path.
-    Numpy,
-    /// A Python bool, int, float or complex (weakly typed, but for bool).
-    Scalar,
-}
-
-pub struct LeafSignature {
-    pub kind: LeafKind,
-    /// The dtype object's identity; JAX's and numpy's dtypes are interned.
-    pub dtype: usize,
-    pub shape: Vec<i64>,
-    pub weak_type: bool,
-}
-
-/// The tree of a call's dynamic arguments: as Rust flattened it (builtin containers around
-/// plain leaves), or as JAX's pytree registry did (a `PyTreeDef`).
-pub enum Tree {
-    Rust(Arc<Structure>),
-    Jax(Hashed),
-}
-
-impl Tree {
-    fn hash_into(&self, py: Python<'_>, hasher: &mut impl Hasher) -> PyResult<()> {
-        match self {
-            Self::Rust(structure) => structure.key_hash(py, hasher),
-            Self::Jax(treedef) => {
-                treedef.hash.hash(hasher);
-                Ok(())
+impl<'py> LiveCall<'py> {
+    /// Splits `(args, kwargs)` into static and dynamic arguments, keyword arguments sorted by
+    /// name as JAX sorts them. The tree and leaves are filled in by the caller.
+    pub fn split(
+        statics: &StaticArgs,
+        args: &Bound<'py, PyTuple>,
+        kwargs: Option<&Bound<'py, PyDict>>,
+        context: LiveContext<'py>,
+    ) -> PyResult<Self> {
+        let py = args.py();
+        let num_args = args.len();
+        let mut call = Self {
+            num_args,
+            dynamic: Vec::with_capacity(num_args + kwargs.map_or(0, PyDictMethods::len)),
+            kwnames: Vec::new(),
+            statics: Vec::new(),
+            static_names: Vec::new(),
+            tree: Arc::new(Tree::empty()),
+            leaves: Vec::new(),
+            keys: Vec::new(),
+            context,
+        };
+        for (i, arg) in args.iter().enumerate() {
+            let from_end = i as isize - num_args as isize;
+            if statics
+                .argnums
+                .iter()
+                .any(|&n| n == i as isize || n == from_end)
+            {
+                call.statics.push(arg);
+            } else {
+                call.dynamic.push(arg);
             }
         }
-    }
-
-    fn matches(&self, py: Python<'_>, other: &Self) -> PyResult<bool> {
-        match (self, other) {
-            (Self::Rust(a), Self::Rust(b)) => a.same(py, b),
-            (Self::Jax(a), Self::Jax(b)) => a.matches(py, b),
-            _ => Ok(false),
+        let Some(kwargs) = kwargs.filter(|k| !k.is_empty()) else {
+            return Ok(call);
+        };
+        let mut named: Vec<(Bound<'py, PyString>, Bound<'py, PyAny>)> = kwargs
+            .iter()
+            .map(|(name, value)| Ok((name.cast_into::<PyString>()?, value)))
+            .collect::<PyResult<_>>()?;
+        // JAX orders keyword arguments by name.
+        named.sort_by(|(a, _), (b, _)| {
+            a.to_str()
+                .unwrap_or_default()
+                .cmp(b.to_str().unwrap_or_default())
+        });
+        for (name, value) in named {
+            let is_static = statics
+                .argnames
+                .iter()
+                .any(|s| s.is(&name) || s.bind(py).as_any().eq(&name).unwrap_or(false));
+            if is_static {
+                call.static_names.push(name);
+                call.statics.push(value);
+            } else {
+                call.kwnames.push(name);
+                call.dynamic.push(value);
+            }
         }
+        Ok(call)
+    }
+
+    /// The hash that the signature of this call has, or why the call has no signature.
+    pub fn hash(&self) -> PyResult<Result<u64, Unkeyable>> {
+        let mut hasher = FxHasher::default();
+        (self.num_args, self.kwnames.len(), self.static_names.len()).hash(&mut hasher);
+        for name in self.kwnames.iter().chain(&self.static_names) {
+            name.hash()?.hash(&mut hasher);
+        }
+        for value in &self.statics {
+            match value.hash() {
+                Ok(hash) => hash.hash(&mut hasher),
+                Err(err) if err.is_instance_of::<PyTypeError>(value.py()) => {
+                    return Ok(Err(Unkeyable::UnhashableStatic));
+                }
+                Err(err) => return Err(err),
+            }
+        }
+        self.tree.hash.hash(&mut hasher);
+        let Some(arrays) = array_hashes(&self.keys)? else {
+            return Ok(Err(Unkeyable::Leaf));
+        };
+        for ((leaf, key), (aval_hash, sharding_hash)) in
+            self.leaves.iter().zip(&self.keys).zip(arrays)
+        {
+            match key {
+                LiveLeaf::Array { committed, .. } => {
+                    (0u8, aval_hash, sharding_hash, committed).hash(&mut hasher);
+                }
+                LiveLeaf::Host { dtype, kind, .. } => {
+                    (1u8, dtype, kind, host_shape(leaf)).hash(&mut hasher);
+                }
+                LiveLeaf::Scalar(kind) => (2u8, kind).hash(&mut hasher),
+            }
+        }
+        Ok(Ok(hasher.finish()))
     }
 }
 
-/// The whole key of one call.
-pub struct Signature {
-    pub statics: Vec<Hashed>,
-    pub tree: Tree,
-    pub leaves: Vec<LeafSignature>,
-    pub context: Hashed,
-    pub hash: u64,
-    /// Whether the call had positional arguments only, and no static ones.
-    pub positional_only: bool,
-}
-
-/// Why a call cannot be keyed: it must go to JAX.
+/// Why a call has no signature; JAX's own path runs it (or raises its error).
+#[derive(Clone, Copy)]
 pub enum Unkeyable {
-    /// A leaf that is not a concrete array or scalar: a tracer, or a bad input JAX reports.
+    /// A leaf that is not a value the dispatcher keys.
     Leaf,
-    /// A static argument without a hash; JAX raises the error.
+    /// A static argument without a hash.
     UnhashableStatic,
 }
 
-impl Signature {
-    /// Keys a call whose dynamic leaves are `leaves`, with tree `tree` and static arguments
-    /// `statics`; `positional_only` says the call had no keywords and no static arguments.
-    /// `Err(Unkeyable)` for calls that JAX must run.
-    pub fn new(
-        py: Python<'_>,
-        h: &Handles,
-        statics: &[Bound<'_, PyAny>],
-        tree: Tree,
-        leaves: &[Bound<'_, PyAny>],
-        positional_only: bool,
-    ) -> PyResult<Result<Self, Unkeyable>> {
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        let mut static_keys = Vec::with_capacity(statics.len());
-        for s in statics {
-            match Hashed::new(s) {
-                Ok(k) => {
-                    k.hash.hash(&mut hasher);
-                    static_keys.push(k);
+/// Whether two static arguments are equal as JAX compares them: the same type, then `==`;
+/// JAX's error where `==` raises.
+fn same_static(a: &Bound<'_, PyAny>, b: &Bound<'_, PyAny>) -> PyResult<bool> {
+    if a.is(b) {
+        return Ok(true);
+    }
+    if !a.get_type().is(b.get_type()) {
+        return Ok(false);
+    }
+    a.eq(b).map_err(|err| {
+        let type_name = |v: &Bound<'_, PyAny>| {
+            v.get_type()
+                .str()
+                .map_or_else(|_| "?".to_owned(), |s| s.to_string())
+        };
+        PyValueError::new_err(format!(
+            "static arguments should be comparable using __eq__.The following error was raised \
+             when comparing two objects of types {} and {}. The error was:\n{err}",
+            type_name(a),
+            type_name(b)
+        ))
+    })
+}
+
+/// A leaf's part of a kept signature.
+pub enum LeafKey {
+    Array {
+        aval: Py<PyAny>,
+        value: Arc<AvalValue>,
+        sharding: Py<PyAny>,
+        committed: bool,
+    },
+    Host {
+        dtype: DtypeKey,
+        kind: HostKind,
+        shape: Box<[usize]>,
+    },
+    Scalar(ScalarKind),
+}
+
+/// The signature that a cache entry keeps.
+pub struct CallSignature {
+    pub hash: u64,
+    num_args: usize,
+    kwnames: Vec<Py<PyString>>,
+    statics: Vec<Py<PyAny>>,
+    static_names: Vec<Py<PyString>>,
+    pub tree: Arc<Tree>,
+    pub leaves: Vec<LeafKey>,
+    context: Context,
+}
+
+impl CallSignature {
+    /// The signature of `call`, whose hash is `hash`; None if a leaf's aval is not one the
+    /// key holds.
+    pub fn keep(call: &LiveCall<'_>, hash: u64) -> PyResult<Option<Self>> {
+        let mut leaves = Vec::with_capacity(call.keys.len());
+        for (leaf, key) in call.leaves.iter().zip(&call.keys) {
+            leaves.push(match key {
+                LiveLeaf::Array {
+                    aval,
+                    sharding,
+                    committed,
+                } => {
+                    let Some(value) = aval_value(aval)? else {
+                        return Ok(None);
+                    };
+                    LeafKey::Array {
+                        aval: aval.clone().unbind(),
+                        value,
+                        sharding: sharding.clone().unbind(),
+                        committed: *committed,
+                    }
                 }
-                Err(_) => return Ok(Err(Unkeyable::UnhashableStatic)),
-            }
+                LiveLeaf::Host { dtype, kind, .. } => LeafKey::Host {
+                    dtype: *dtype,
+                    kind: *kind,
+                    shape: host_shape(leaf).into(),
+                },
+                LiveLeaf::Scalar(kind) => LeafKey::Scalar(*kind),
+            });
         }
-        tree.hash_into(py, &mut hasher)?;
-        let context = Hashed::new(h.jit_key(py)?.as_any())?;
-        context.hash.hash(&mut hasher);
-        let mut keys = Vec::with_capacity(leaves.len());
-        for leaf in leaves {
-            let Some(key) = leaf_signature(py, h, leaf)? else {
-                return Ok(Err(Unkeyable::Leaf));
-            };
-            key.dtype.hash(&mut hasher);
-            key.shape.hash(&mut hasher);
-            key.weak_type.hash(&mut hasher);
-            if let LeafKind::Array {
-                sharding,
-                committed,
-                ..
-            } = &key.kind
-            {
-                sharding.hash.hash(&mut hasher);
-                committed.hash(&mut hasher);
-            }
-            keys.push(key);
-        }
-        Ok(Ok(Self {
-            statics: static_keys,
-            tree,
-            leaves: keys,
-            context,
-            hash: hasher.finish(),
-            positional_only,
+        let unbind_all = |v: &[Bound<'_, PyString>]| v.iter().map(|n| n.clone().unbind()).collect();
+        Ok(Some(Self {
+            hash,
+            num_args: call.num_args,
+            kwnames: unbind_all(&call.kwnames),
+            statics: call.statics.iter().map(|s| s.clone().unbind()).collect(),
+            static_names: unbind_all(&call.static_names),
+            tree: call.tree.clone(),
+            leaves,
+            context: call.context.keep(),
         }))
     }
 
-    /// Whether two keys are equal (their hashes being equal already).
-    pub fn matches(&self, py: Python<'_>, other: &Self) -> PyResult<bool> {
-        if self.hash != other.hash
-            || self.leaves.len() != other.leaves.len()
-            || self.statics.len() != other.statics.len()
+    /// Whether `call` has this signature. Raises JAX's error where comparing static
+    /// arguments raises.
+    pub fn matches(&self, call: &LiveCall<'_>) -> PyResult<bool> {
+        let py = call.context.py();
+        if self.num_args != call.num_args
+            || self.leaves.len() != call.keys.len()
+            || !same_names(&self.kwnames, &call.kwnames)
+            || !same_names(&self.static_names, &call.static_names)
+            || self.statics.len() != call.statics.len()
         {
             return Ok(false);
         }
-        for (a, b) in self.leaves.iter().zip(&other.leaves) {
-            if a.dtype != b.dtype || a.weak_type != b.weak_type || a.shape != b.shape {
-                return Ok(false);
-            }
-            let same_kind = match (&a.kind, &b.kind) {
-                (
-                    LeafKind::Array {
-                        sharding: sa,
-                        committed: ca,
-                        ..
-                    },
-                    LeafKind::Array {
-                        sharding: sb,
-                        committed: cb,
-                        ..
-                    },
-                ) => ca == cb && sa.matches(py, sb)?,
-                (LeafKind::Numpy, LeafKind::Numpy) | (LeafKind::Scalar, LeafKind::Scalar) => true,
-                _ => false,
-            };
-            if !same_kind {
+        if !(Arc::ptr_eq(&self.tree, &call.tree) || self.tree.same(py, &call.tree)?) {
+            return Ok(false);
+        }
+        for ((kept, key), leaf) in self.leaves.iter().zip(&call.keys).zip(&call.leaves) {
+            if !same_leaf(kept, key, leaf)? {
                 return Ok(false);
             }
         }
-        // As in JAX, equal static arguments of different types (1, 1.0, True) are different
-        // keys: each may trace to a different program.
-        for (a, b) in self.statics.iter().zip(&other.statics) {
-            if !a.obj.bind(py).get_type().is(b.obj.bind(py).get_type()) || !a.matches(py, b)? {
+        for (kept, value) in self.statics.iter().zip(&call.statics) {
+            if !same_static(kept.bind(py), value)? {
                 return Ok(false);
             }
         }
-        Ok(self.tree.matches(py, &other.tree)? && self.context.matches(py, &other.context)?)
+        Ok(call.context.is(&self.context))
+    }
+
+    /// The static arguments held, for the garbage collector.
+    pub fn statics(&self) -> &[Py<PyAny>] {
+        &self.statics
     }
 }
 
-/// The signature of one leaf, or `None` for a leaf that JAX must handle (a tracer, say).
-fn leaf_signature(
-    py: Python<'_>,
-    h: &Handles,
-    leaf: &Bound<'_, PyAny>,
-) -> PyResult<Option<LeafSignature>> {
-    let kind = leaf.get_type();
-    if kind.is(h.array_impl.bind(py)) {
-        let aval = h.array_aval.bind(py).call1((leaf,))?;
-        let shape = aval.getattr(intern!(py, "shape"))?;
-        return Ok(Some(LeafSignature {
-            dtype: aval.getattr(intern!(py, "dtype"))?.as_ptr() as usize,
-            shape: shape.cast::<PyTuple>()?.extract()?,
-            weak_type: aval.getattr(intern!(py, "weak_type"))?.is_truthy()?,
-            kind: LeafKind::Array {
-                sharding: sharding_key(&h.array_sharding.bind(py).call1((leaf,))?)?,
-                committed: h.array_committed.bind(py).call1((leaf,))?.is_truthy()?,
-                aval: aval.clone().unbind(),
+fn same_names(kept: &[Py<PyString>], names: &[Bound<'_, PyString>]) -> bool {
+    kept.len() == names.len()
+        && kept
+            .iter()
+            .zip(names)
+            .all(|(a, b)| a.is(b) || a.bind(b.py()).as_any().eq(b).unwrap_or(false))
+}
+
+fn same_leaf(kept: &LeafKey, key: &LiveLeaf<'_>, leaf: &Bound<'_, PyAny>) -> PyResult<bool> {
+    Ok(match (kept, key) {
+        (
+            LeafKey::Array {
+                aval,
+                value,
+                sharding,
+                committed,
             },
-        }));
-    }
-    if leaf.is_instance(h.ndarray.bind(py))? || leaf.is_instance(h.numpy_scalar.bind(py))? {
-        let dtype = leaf.getattr(intern!(py, "dtype"))?;
-        return Ok(Some(LeafSignature {
-            dtype: dtype.as_ptr() as usize,
-            shape: leaf.getattr(intern!(py, "shape"))?.extract()?,
-            weak_type: false,
-            kind: LeafKind::Numpy,
-        }));
-    }
-    // Python scalars: the type decides the dtype; bool is not weakly typed in JAX.
-    let scalar_type = if leaf.is_instance_of::<PyBool>() {
-        Some((1usize, false))
-    } else if leaf.is_instance_of::<PyInt>() {
-        Some((2, true))
-    } else if leaf.is_instance_of::<PyFloat>() {
-        Some((3, true))
-    } else if leaf.is_instance_of::<PyComplex>() {
-        Some((4, true))
-    } else {
-        None
-    };
-    Ok(scalar_type.map(|(code, weak_type)| LeafSignature {
-        dtype: code,
-        shape: Vec::new(),
-        weak_type,
-        kind: LeafKind::Scalar,
-    }))
+            LiveLeaf::Array {
+                aval: live_aval,
+                sharding: live_sharding,
+                committed: live_committed,
+            },
+        ) => {
+            committed == live_committed
+                && (aval.is(live_aval)
+                    || aval_value(live_aval)?.is_some_and(|live| live.as_ref() == value.as_ref()))
+                && (sharding.is(live_sharding) || sharding.bind(leaf.py()).eq(live_sharding)?)
+        }
+        (
+            LeafKey::Host { dtype, kind, shape },
+            LiveLeaf::Host {
+                dtype: live_dtype,
+                kind: live_kind,
+                ..
+            },
+        ) => {
+            dtype == live_dtype
+                && kind == live_kind
+                && leaf.cast::<PyUntypedArray>().map_or(&[][..], |a| a.shape()) == &shape[..]
+        }
+        (LeafKey::Scalar(kind), LiveLeaf::Scalar(live)) => kind == live,
+        _ => false,
+    })
 }

@@ -1,0 +1,79 @@
+//! JAX's jit key: the configuration that a call's executable depends on besides its arguments.
+//! It is the trace context (x64, meshes in context, ...) and the states that only the jit key
+//! holds (the trace state, which tells an active trace apart, the default device, ...). Each
+//! is read on every call, as JAX's own dispatcher reads them, and compared item by item:
+//! by identity first, then by `==`.
+
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+
+use super::handles::Handles;
+
+/// The jit key as a call finds it.
+pub struct LiveContext<'py> {
+    trace: Bound<'py, PyTuple>,
+    /// The states, then JAX's post-hook (the NaN and inf checks of `jax_debug_nans` and
+    /// `jax_debug_infs`), which is no part of JAX's jit key, but is of ours: with the checks
+    /// on, pmap donates nothing, so it compiles another executable.
+    states: Vec<Bound<'py, PyAny>>,
+}
+
+/// A jit key kept in a cache entry, holding every object it compares.
+pub struct Context {
+    trace: Py<PyTuple>,
+    states: Vec<Py<PyAny>>,
+}
+
+impl<'py> LiveContext<'py> {
+    pub fn read(py: Python<'py>, h: &Handles) -> PyResult<Self> {
+        let trace = h.trace_context.bind(py).call0()?.cast_into::<PyTuple>()?;
+        let read = |state: &Py<PyAny>| h.config_value.bind(py).call1((state,));
+        let states = h
+            .jit_key_states
+            .iter()
+            .chain([&h.post_hook_state])
+            .map(read)
+            .collect::<PyResult<_>>()?;
+        Ok(Self { trace, states })
+    }
+
+    /// JAX's post-hook, if one is set: the call's outputs go through it.
+    pub fn post_hook(&self) -> Option<&Bound<'py, PyAny>> {
+        self.states.last().filter(|hook| !hook.is_none())
+    }
+
+    pub fn py(&self) -> Python<'py> {
+        self.trace.py()
+    }
+
+    /// Whether `jax.disable_jit()` is on, in which case JAX calls the function itself.
+    pub fn jit_disabled(&self, h: &Handles) -> PyResult<bool> {
+        self.trace.get_item(h.disable_jit_index)?.is_truthy()
+    }
+
+    pub fn keep(&self) -> Context {
+        Context {
+            trace: self.trace.clone().unbind(),
+            states: self.states.iter().map(|s| s.clone().unbind()).collect(),
+        }
+    }
+
+    /// Whether `kept` is this jit key; an item whose `==` raises counts as different.
+    pub fn is(&self, kept: &Context) -> bool {
+        let py = self.trace.py();
+        let trace = kept.trace.bind(py);
+        if trace.len() != self.trace.len() || kept.states.len() != self.states.len() {
+            return false;
+        }
+        let same = |a: &Bound<'_, PyAny>, b: &Bound<'_, PyAny>| a.is(b) || a.eq(b).unwrap_or(false);
+        self.trace
+            .iter_borrowed()
+            .zip(trace.iter_borrowed())
+            .all(|(a, b)| same(&a, &b))
+            && self
+                .states
+                .iter()
+                .zip(&kept.states)
+                .all(|(a, b)| same(a, b.bind(py)))
+    }
+}

@@ -1,0 +1,302 @@
+//! One flattened argument of a call as the call signature sees it: a `jax.Array` by its aval,
+//! sharding and commitment; a numpy array or scalar by dtype value and shape; a Python scalar
+//! by its type, which gives its dtype and weak type. Avals and shardings are compared by
+//! identity first and by value on a miss; their value hashes are remembered per object, in a
+//! bounded memo that holds every object it remembers.
+
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyComplex, PyFloat, PyInt, PyTuple};
+use rustc_hash::{FxBuildHasher, FxHashMap, FxHasher};
+
+use super::handles::Handles;
+
+/// A Python scalar's type; JAX gives bool no weak type and the others a weak one.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum ScalarKind {
+    Bool,
+    Int,
+    Float,
+    Complex,
+}
+
+/// A numpy dtype by value. Builtin numeric types and the types that packages register with
+/// numpy (`ml_dtypes`' bfloat16, say) each have a type number of their own; with the item size
+/// and a native byte order, it says which dtype this is.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct DtypeKey {
+    num: i32,
+    itemsize: usize,
+}
+
+// numpy's type numbers of the dtypes that JAX can hold (longdouble, object, strings, dates and
+// structured dtypes cannot), and the first number that packages' types get.
+const NPY_BOOL_TO_CDOUBLE: std::ops::RangeInclusive<i32> = 0..=15;
+const NPY_LONGDOUBLE: i32 = 13;
+const NPY_HALF: i32 = 23;
+const NPY_USERDEF: i32 = 256;
+
+impl DtypeKey {
+    /// The key of `descr`, or None for a dtype that JAX cannot hold or that the key would not
+    /// tell apart (structured dtypes, a foreign byte order).
+    pub fn of(descr: &Bound<'_, PyArrayDescr>) -> Option<Self> {
+        let num = descr.num();
+        let known = (NPY_BOOL_TO_CDOUBLE.contains(&num) && num != NPY_LONGDOUBLE)
+            || num == NPY_HALF
+            || num >= NPY_USERDEF;
+        let native = match descr.byteorder() {
+            b'=' | b'|' => true,
+            b'<' => cfg!(target_endian = "little"),
+            b'>' => cfg!(target_endian = "big"),
+            _ => false,
+        };
+        (known && native && !descr.has_fields() && !descr.has_subarray()).then(|| Self {
+            num,
+            itemsize: descr.itemsize(),
+        })
+    }
+}
+
+/// How a numpy value arrives: an array (whose contents may change between calls) or a
+/// scalar (which cannot).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum HostKind {
+    Array,
+    Scalar,
+}
+
+/// One leaf of a call, read once.
+pub enum LiveLeaf<'py> {
+    Array {
+        aval: Bound<'py, PyAny>,
+        sharding: Bound<'py, PyAny>,
+        committed: bool,
+    },
+    Host {
+        dtype: DtypeKey,
+        kind: HostKind,
+        /// The numpy scalar's dtype object, whose value bits key device copies of the scalar.
+        descr: Option<Bound<'py, PyArrayDescr>>,
+    },
+    Scalar(ScalarKind),
+}
+
+impl<'py> LiveLeaf<'py> {
+    /// Reads `leaf`; None for a value the dispatcher does not key (a tracer, a PRNG key array,
+    /// an object JAX rejects), which JAX's own path handles.
+    pub fn read(h: &Handles, leaf: &Bound<'py, PyAny>) -> PyResult<Option<Self>> {
+        let py = leaf.py();
+        let kind = leaf.get_type_ptr();
+        if std::ptr::eq(kind, h.array_impl.as_ptr().cast()) {
+            return Ok(Some(Self::Array {
+                aval: h.array_aval.bind(py).call1((leaf,))?,
+                sharding: h.array_sharding.bind(py).call1((leaf,))?,
+                committed: h.array_committed.bind(py).call1((leaf,))?.is_truthy()?,
+            }));
+        }
+        if let Some(kind) = scalar_kind(leaf) {
+            return Ok(Some(Self::Scalar(kind)));
+        }
+        if let Ok(array) = leaf.cast::<PyUntypedArray>() {
+            return Ok(DtypeKey::of(&array.dtype()).map(|dtype| Self::Host {
+                dtype,
+                kind: HostKind::Array,
+                descr: None,
+            }));
+        }
+        if leaf.is_instance(h.numpy_scalar.bind(py))? {
+            let descr = leaf
+                .getattr(intern!(py, "dtype"))?
+                .cast_into::<PyArrayDescr>()?;
+            return Ok(DtypeKey::of(&descr).map(|dtype| Self::Host {
+                dtype,
+                kind: HostKind::Scalar,
+                descr: Some(descr),
+            }));
+        }
+        Ok(None)
+    }
+}
+
+/// The kind of a Python scalar of an exact builtin type (subclasses, such as enums, are left
+/// to JAX).
+pub fn scalar_kind(leaf: &Bound<'_, PyAny>) -> Option<ScalarKind> {
+    if leaf.is_exact_instance_of::<PyFloat>() {
+        Some(ScalarKind::Float)
+    } else if leaf.is_exact_instance_of::<PyInt>() {
+        Some(ScalarKind::Int)
+    } else if leaf.is_exact_instance_of::<PyBool>() {
+        Some(ScalarKind::Bool)
+    } else if leaf.is_exact_instance_of::<PyComplex>() {
+        Some(ScalarKind::Complex)
+    } else {
+        None
+    }
+}
+
+/// The shape of a numpy leaf (a scalar's is empty).
+pub fn host_shape<'a>(leaf: &'a Bound<'_, PyAny>) -> &'a [usize] {
+    leaf.cast::<PyUntypedArray>()
+        .map_or(&[], |array| array.shape())
+}
+
+/// An aval's value: what a call signature compares of a `jax.Array` besides its sharding.
+#[derive(PartialEq, Eq, Debug)]
+pub struct AvalValue {
+    pub dtype: DtypeKey,
+    pub shape: Box<[i64]>,
+    pub weak_type: bool,
+    pub hash: u64,
+}
+
+impl AvalValue {
+    /// The value of `aval` (a `ShapedArray`); None for dtypes the key does not hold.
+    pub fn of(aval: &Bound<'_, PyAny>) -> PyResult<Option<Self>> {
+        let py = aval.py();
+        let Ok(descr) = aval
+            .getattr(intern!(py, "dtype"))?
+            .cast_into::<PyArrayDescr>()
+        else {
+            return Ok(None);
+        };
+        let Some(dtype) = DtypeKey::of(&descr) else {
+            return Ok(None);
+        };
+        let shape: Box<[i64]> = aval
+            .getattr(intern!(py, "shape"))?
+            .cast_into::<PyTuple>()?
+            .extract::<Vec<i64>>()?
+            .into();
+        let weak_type = aval.getattr(intern!(py, "weak_type"))?.is_truthy()?;
+        let mut hasher = FxHasher::default();
+        (dtype, &shape, weak_type).hash(&mut hasher);
+        Ok(Some(Self {
+            dtype,
+            shape,
+            weak_type,
+            hash: hasher.finish(),
+        }))
+    }
+}
+
+type Memo<V> = FxHashMap<usize, (Py<PyAny>, V)>;
+
+/// Avals and shardings by identity, each with what hashing it needs; bounded, and holding
+/// every object it has, so that an identity stays valid while it is a key here.
+struct LeafMemo {
+    avals: Memo<Arc<AvalValue>>,
+    shardings: Memo<isize>,
+}
+
+const MEMO_AVALS: usize = 8192;
+const MEMO_SHARDINGS: usize = 2048;
+
+static MEMO: Mutex<Option<LeafMemo>> = Mutex::new(None);
+
+fn with_memo<R>(f: impl FnOnce(&mut LeafMemo) -> R) -> R {
+    let mut guard = MEMO.lock().unwrap_or_else(PoisonError::into_inner);
+    let memo = guard.get_or_insert_with(|| LeafMemo {
+        avals: Memo::with_capacity_and_hasher(64, FxBuildHasher),
+        shardings: Memo::with_capacity_and_hasher(16, FxBuildHasher),
+    });
+    f(memo)
+}
+
+/// The value hashes of each array leaf's aval and sharding, `(0, 0)` at other leaves; None if
+/// an aval is not one the key holds. Objects new to the memo are read outside its lock: reading
+/// them runs Python.
+pub fn array_hashes(leaves: &[LiveLeaf<'_>]) -> PyResult<Option<Vec<(u64, isize)>>> {
+    let mut hashes = Vec::with_capacity(leaves.len());
+    let mut unknown = Vec::new();
+    with_memo(|memo| {
+        for (i, leaf) in leaves.iter().enumerate() {
+            let known = match leaf {
+                LiveLeaf::Array { aval, sharding, .. } => memo
+                    .avals
+                    .get(&id(aval))
+                    .zip(memo.shardings.get(&id(sharding)))
+                    .map(|((_, aval), (_, sharding))| (aval.hash, *sharding)),
+                _ => Some((0, 0)),
+            };
+            hashes.push(known.unwrap_or_default());
+            if known.is_none() {
+                unknown.push(i);
+            }
+        }
+    });
+    if unknown.is_empty() {
+        return Ok(Some(hashes));
+    }
+    let mut new_avals = Vec::with_capacity(unknown.len());
+    let mut new_shardings = Vec::with_capacity(unknown.len());
+    for i in unknown {
+        let LiveLeaf::Array { aval, sharding, .. } = &leaves[i] else {
+            continue;
+        };
+        let Some(value) = AvalValue::of(aval)? else {
+            return Ok(None);
+        };
+        let sharding_hash = sharding.hash()?;
+        hashes[i] = (value.hash, sharding_hash);
+        new_avals.push((aval.clone().unbind(), Arc::new(value)));
+        new_shardings.push((sharding.clone().unbind(), sharding_hash));
+    }
+    let evicted = with_memo(|memo| {
+        let mut evicted = Vec::new();
+        remember(&mut memo.avals, new_avals, MEMO_AVALS, &mut evicted);
+        remember(
+            &mut memo.shardings,
+            new_shardings,
+            MEMO_SHARDINGS,
+            &mut evicted,
+        );
+        evicted
+    });
+    // Released outside the lock: freeing an object can run Python.
+    drop(evicted);
+    Ok(Some(hashes))
+}
+
+/// The value of `aval`, from the memo where it is there.
+pub fn aval_value(aval: &Bound<'_, PyAny>) -> PyResult<Option<Arc<AvalValue>>> {
+    if let Some(value) = with_memo(|memo| memo.avals.get(&id(aval)).map(|(_, v)| v.clone())) {
+        return Ok(Some(value));
+    }
+    Ok(AvalValue::of(aval)?.map(Arc::new))
+}
+
+fn remember<V>(
+    memo: &mut Memo<V>,
+    new: Vec<(Py<PyAny>, V)>,
+    capacity: usize,
+    evicted: &mut Vec<Py<PyAny>>,
+) {
+    for (obj, value) in new {
+        if memo.len() >= capacity {
+            evicted.extend(memo.drain().map(|(_, (obj, _))| obj));
+        }
+        memo.insert(obj.as_ptr() as usize, (obj, value));
+    }
+}
+
+/// Forgets every aval and sharding remembered (`jax.clear_caches()`).
+pub fn clear_memo() {
+    let evicted = with_memo(|memo| {
+        let mut evicted: Vec<Py<PyAny>> = memo.avals.drain().map(|(_, (o, _))| o).collect();
+        evicted.extend(memo.shardings.drain().map(|(_, (o, _))| o));
+        evicted
+    });
+    drop(evicted);
+}
+
+pub fn memo_sizes() -> (usize, usize) {
+    with_memo(|memo| (memo.avals.len(), memo.shardings.len()))
+}
+
+fn id(obj: &Bound<'_, PyAny>) -> usize {
+    obj.as_ptr() as usize
+}

@@ -1,0 +1,97 @@
+//! The contract between a cache miss, which Python runs, and the Rust dispatcher: the miss
+//! returns a `CacheMiss`, and where the call can take the fast path next time, the
+//! `FastPath` that a cache entry is built from. Both are checked when they are made.
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyList;
+
+/// What a cached call needs to run an executable without Python of ours, as JAX's fast-path
+/// data has it (`pxla.MeshExecutableFastpathData`).
+#[pyclass(module = "fastpjit._core", frozen, get_all)]
+pub struct FastPath {
+    /// The `LoadedExecutable`.
+    pub executable: Py<PyAny>,
+    /// The treedef of the outputs.
+    pub out_treedef: Py<PyAny>,
+    /// One result handler per output leaf.
+    pub out_handlers: Py<PyList>,
+    /// The sharding of each executable input, in executable order.
+    pub in_shardings: Vec<Py<PyAny>>,
+    /// Whether each of `[const args..., flat args...]` is an executable input.
+    pub kept: Vec<bool>,
+    /// The constants that the executable takes first, already on their devices.
+    pub const_args: Vec<Py<PyAny>>,
+    /// Whether each flat argument is donated.
+    pub donated: Vec<bool>,
+}
+
+#[pymethods]
+impl FastPath {
+    #[new]
+    #[pyo3(signature = (*, executable, out_treedef, out_handlers, in_shardings, kept, const_args, donated))]
+    fn new(
+        executable: Py<PyAny>,
+        out_treedef: Py<PyAny>,
+        out_handlers: Py<PyList>,
+        in_shardings: Vec<Py<PyAny>>,
+        kept: Vec<bool>,
+        const_args: Vec<Py<PyAny>>,
+        donated: Vec<bool>,
+    ) -> PyResult<Self> {
+        let inputs = kept.iter().filter(|&&k| k).count();
+        if inputs != in_shardings.len() {
+            return Err(PyValueError::new_err(format!(
+                "FastPath: {} input shardings for the {inputs} inputs that `kept` marks",
+                in_shardings.len()
+            )));
+        }
+        if kept.len() != const_args.len() + donated.len() {
+            return Err(PyValueError::new_err(format!(
+                "FastPath: `kept` has {} flags for {} constants and {} arguments",
+                kept.len(),
+                const_args.len(),
+                donated.len()
+            )));
+        }
+        Ok(Self {
+            executable,
+            out_treedef,
+            out_handlers,
+            in_shardings,
+            kept,
+            const_args,
+            donated,
+        })
+    }
+}
+
+/// What a cache miss returns: the call's outputs; the fast path for the next such call, or
+/// None where JAX must run it; the backend compiles the miss ran; and, where JAX rather than
+/// fastpjit lowered and compiled the call (or runs it), why.
+#[pyclass(module = "fastpjit._core", frozen, get_all)]
+pub struct CacheMiss {
+    pub outputs: Py<PyAny>,
+    pub fast_path: Option<Py<FastPath>>,
+    pub compiles: u64,
+    pub jax_reason: Option<String>,
+}
+
+#[pymethods]
+impl CacheMiss {
+    #[new]
+    #[pyo3(signature = (outputs, fast_path, *, compiles, jax_reason))]
+    fn new(
+        outputs: Py<PyAny>,
+        fast_path: Option<Py<FastPath>>,
+        compiles: u64,
+        jax_reason: Option<String>,
+    ) -> Self {
+        Self {
+            outputs,
+            fast_path,
+            compiles,
+            jax_reason,
+        }
+    }
+}

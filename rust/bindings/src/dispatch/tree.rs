@@ -1,0 +1,298 @@
+//! The tree of a call's dynamic arguments, flattened in JAX's order. Builtin containers (exact
+//! tuples, lists, dicts, and None, which has no leaves) are read here; every other node (a
+//! namedtuple, a registered class) is flattened by JAX's pytree registry, and its treedef is
+//! kept in the tree. A call usually repeats the tree of the call before it, so a call is first
+//! flattened against a known tree, which reads dicts by their known keys instead of sorting
+//! them again.
+
+use std::hash::{Hash, Hasher};
+
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyTuple};
+use rustc_hash::FxHasher;
+
+use super::handles::Handles;
+
+pub enum Node {
+    Leaf,
+    Nothing,
+    Tuple(usize),
+    List(usize),
+    /// A dict's keys in JAX's order (sorted).
+    Dict(Vec<Py<PyAny>>),
+    /// A subtree that JAX's registry flattened, by its treedef.
+    Custom {
+        treedef: Py<PyAny>,
+        hash: isize,
+    },
+}
+
+/// The nodes of each dynamic argument in turn, in preorder.
+pub struct Tree {
+    nodes: Vec<Node>,
+    pub hash: u64,
+    pub num_leaves: usize,
+}
+
+impl Tree {
+    /// The tree of a call without dynamic arguments.
+    pub fn empty() -> Self {
+        Self {
+            nodes: Vec::new(),
+            hash: 0,
+            num_leaves: 0,
+        }
+    }
+
+    /// The tree of `args` and their leaves, read from the values; None when an argument holds
+    /// an object that is neither a container nor a leaf (JAX's registry says which).
+    pub fn derive<'py>(
+        py: Python<'py>,
+        h: &Handles,
+        args: &[Bound<'py, PyAny>],
+    ) -> PyResult<Option<(Self, Vec<Bound<'py, PyAny>>)>> {
+        let mut nodes = Vec::new();
+        let mut leaves = Vec::with_capacity(args.len());
+        for arg in args {
+            if !derive_into(h, arg, &mut nodes, &mut leaves)? {
+                return Ok(None);
+            }
+        }
+        let tree = Self::of(py, nodes, leaves.len())?;
+        Ok(Some((tree, leaves)))
+    }
+
+    fn of(py: Python<'_>, nodes: Vec<Node>, num_leaves: usize) -> PyResult<Self> {
+        let mut hasher = FxHasher::default();
+        for node in &nodes {
+            match node {
+                Node::Leaf => 0u8.hash(&mut hasher),
+                Node::Nothing => 1u8.hash(&mut hasher),
+                Node::Tuple(n) => (2u8, n).hash(&mut hasher),
+                Node::List(n) => (3u8, n).hash(&mut hasher),
+                Node::Dict(keys) => {
+                    (4u8, keys.len()).hash(&mut hasher);
+                    for key in keys {
+                        key.bind(py).hash()?.hash(&mut hasher);
+                    }
+                }
+                Node::Custom { hash, .. } => (5u8, hash).hash(&mut hasher),
+            }
+        }
+        Ok(Self {
+            nodes,
+            hash: hasher.finish(),
+            num_leaves,
+        })
+    }
+
+    /// Pushes the leaves of `args` onto `leaves` if `args` have this tree; false if they do
+    /// not (`leaves` then holds a part of them).
+    pub fn flatten<'py>(
+        &self,
+        h: &Handles,
+        args: &[Bound<'py, PyAny>],
+        leaves: &mut Vec<Bound<'py, PyAny>>,
+    ) -> PyResult<bool> {
+        let mut nodes = self.nodes.iter();
+        for arg in args {
+            if !flatten_into(h, &mut nodes, arg, leaves)? {
+                return Ok(false);
+            }
+        }
+        Ok(nodes.next().is_none() && leaves.len() == self.num_leaves)
+    }
+
+    /// Whether two trees are the same (dict keys and treedefs compared by `==`).
+    pub fn same(&self, py: Python<'_>, other: &Self) -> PyResult<bool> {
+        if self.hash != other.hash || self.nodes.len() != other.nodes.len() {
+            return Ok(false);
+        }
+        for (a, b) in self.nodes.iter().zip(&other.nodes) {
+            let same = match (a, b) {
+                (Node::Leaf, Node::Leaf) | (Node::Nothing, Node::Nothing) => true,
+                (Node::Tuple(m), Node::Tuple(n)) | (Node::List(m), Node::List(n)) => m == n,
+                (Node::Dict(a), Node::Dict(b)) => {
+                    a.len() == b.len() && all_equal(py, a.iter().zip(b))?
+                }
+                (Node::Custom { treedef: a, .. }, Node::Custom { treedef: b, .. }) => {
+                    a.is(b) || a.bind(py).eq(b.bind(py))?
+                }
+                _ => false,
+            };
+            if !same {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+}
+
+fn all_equal<'a>(
+    py: Python<'_>,
+    pairs: impl Iterator<Item = (&'a Py<PyAny>, &'a Py<PyAny>)>,
+) -> PyResult<bool> {
+    for (a, b) in pairs {
+        if !(a.is(b) || a.bind(py).eq(b.bind(py))?) {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// Appends the nodes and leaves of `value`; false if it holds an object that is no leaf.
+fn derive_into<'py>(
+    h: &Handles,
+    value: &Bound<'py, PyAny>,
+    nodes: &mut Vec<Node>,
+    leaves: &mut Vec<Bound<'py, PyAny>>,
+) -> PyResult<bool> {
+    let py = value.py();
+    if value.is_none() {
+        nodes.push(Node::Nothing);
+        return Ok(true);
+    }
+    if let Ok(tuple) = value.cast_exact::<PyTuple>() {
+        nodes.push(Node::Tuple(tuple.len()));
+        for item in tuple.iter() {
+            if !derive_into(h, &item, nodes, leaves)? {
+                return Ok(false);
+            }
+        }
+        return Ok(true);
+    }
+    if let Ok(list) = value.cast_exact::<PyList>() {
+        nodes.push(Node::List(list.len()));
+        for item in list.iter() {
+            if !derive_into(h, &item, nodes, leaves)? {
+                return Ok(false);
+            }
+        }
+        return Ok(true);
+    }
+    if let Ok(dict) = value.cast_exact::<PyDict>() {
+        let sorted = py
+            .import(intern!(py, "builtins"))?
+            .getattr(intern!(py, "sorted"))?;
+        // Keys that do not sort (mixed types) are left to JAX's registry below.
+        if let Ok(keys) = sorted.call1((dict,)) {
+            let keys = keys.cast_into::<PyList>()?;
+            nodes.push(Node::Dict(keys.iter().map(Bound::unbind).collect()));
+            for key in keys.iter() {
+                let Some(item) = dict.get_item(&key)? else {
+                    return Ok(false);
+                };
+                if !derive_into(h, &item, nodes, leaves)? {
+                    return Ok(false);
+                }
+            }
+            return Ok(true);
+        }
+    } else if is_leaf_type(h, value) {
+        nodes.push(Node::Leaf);
+        leaves.push(value.clone());
+        return Ok(true);
+    }
+    let (found, treedef): (Bound<'py, PyList>, Bound<'py, PyAny>) =
+        h.flatten.bind(py).call1((value,))?.extract()?;
+    if found.len() == 1 && found.get_item(0)?.is(value) {
+        // JAX's registry holds it as a leaf, and it is none the dispatcher keys.
+        return Ok(false);
+    }
+    nodes.push(Node::Custom {
+        hash: treedef.hash()?,
+        treedef: treedef.unbind(),
+    });
+    for leaf in found.iter() {
+        if !is_leaf_type(h, &leaf) {
+            return Ok(false);
+        }
+        leaves.push(leaf);
+    }
+    Ok(true)
+}
+
+/// Whether JAX's registry can only hold `value` as a leaf: a `jaxlib` array, a numpy array
+/// or scalar, a Python scalar of an exact builtin type.
+fn is_leaf_type(h: &Handles, value: &Bound<'_, PyAny>) -> bool {
+    let py = value.py();
+    let kind = value.get_type_ptr();
+    std::ptr::eq(kind, h.array_impl.as_ptr().cast())
+        || super::leaf::scalar_kind(value).is_some()
+        || value.is_instance(h.ndarray.bind(py)).unwrap_or(false)
+        || value.is_instance(h.numpy_scalar.bind(py)).unwrap_or(false)
+}
+
+fn flatten_into<'a, 'py>(
+    h: &Handles,
+    nodes: &mut impl Iterator<Item = &'a Node>,
+    value: &Bound<'py, PyAny>,
+    leaves: &mut Vec<Bound<'py, PyAny>>,
+) -> PyResult<bool> {
+    let Some(node) = nodes.next() else {
+        return Ok(false);
+    };
+    let py = value.py();
+    match node {
+        Node::Leaf => {
+            leaves.push(value.clone());
+            Ok(true)
+        }
+        Node::Nothing => Ok(value.is_none()),
+        Node::Tuple(n) => match value.cast_exact::<PyTuple>() {
+            Ok(tuple) if tuple.len() == *n => {
+                for item in tuple.iter() {
+                    if !flatten_into(h, nodes, &item, leaves)? {
+                        return Ok(false);
+                    }
+                }
+                Ok(true)
+            }
+            _ => Ok(false),
+        },
+        Node::List(n) => match value.cast_exact::<PyList>() {
+            Ok(list) if list.len() == *n => {
+                for item in list.iter() {
+                    if !flatten_into(h, nodes, &item, leaves)? {
+                        return Ok(false);
+                    }
+                }
+                Ok(true)
+            }
+            _ => Ok(false),
+        },
+        Node::Dict(keys) => {
+            let Ok(dict) = value.cast_exact::<PyDict>() else {
+                return Ok(false);
+            };
+            if dict.len() != keys.len() {
+                return Ok(false);
+            }
+            // As many keys, each of them present: the same key set, in JAX's order.
+            for key in keys {
+                match dict.get_item(key.bind(py))? {
+                    Some(item) if flatten_into(h, nodes, &item, leaves)? => {}
+                    _ => return Ok(false),
+                }
+            }
+            Ok(true)
+        }
+        Node::Custom { treedef, .. } => {
+            if value.is_none()
+                || value.is_exact_instance_of::<PyTuple>()
+                || value.is_exact_instance_of::<PyList>()
+                || value.is_exact_instance_of::<PyDict>()
+            {
+                return Ok(false);
+            }
+            let (found, found_treedef): (Bound<'py, PyList>, Bound<'py, PyAny>) =
+                h.flatten.bind(py).call1((value,))?.extract()?;
+            if !(found_treedef.is(treedef) || found_treedef.eq(treedef.bind(py))?) {
+                return Ok(false);
+            }
+            leaves.extend(found.iter());
+            Ok(true)
+        }
+    }
+}

@@ -1,0 +1,342 @@
+"""How fastpjit keys a call, against JAX: every way two calls can differ must reach a different
+executable exactly when JAX's does, on the first call and on every cached one.
+
+Each test here began as a defect of the old dispatcher (wrong results, crashes, JAX's behaviour
+skipped on cached calls); JAX 0.10.2 is the oracle throughout.
+"""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+import textwrap
+import threading
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+from test_jit import Counts, assert_same_outputs, both, fresh
+
+import fastpjit
+
+DEVICES = tuple(jax.devices())
+ROW_8 = NamedSharding(jax.make_mesh((8,), ("x",)), P("x"))
+
+
+def unpickled(array: np.ndarray) -> np.ndarray:
+    """The array as a multiprocessing data loader delivers it: through pickle, with a dtype
+    object of its own."""
+    return pickle.loads(pickle.dumps(array))
+
+
+# --- numpy dtypes are compared by value ------------------------------------------------------
+
+
+def test_unpickled_arrays_carry_fresh_dtype_objects():
+    # The premise of the tests below: identity says nothing about a numpy dtype's value.
+    assert unpickled(np.ones(3, np.float32)).dtype is not np.dtype(np.float32)
+
+
+@pytest.mark.parametrize("kind", ["jit", "pmap"])
+def test_unpickled_batches_of_alternating_dtypes(kind):
+    wrap = {"jit": fastpjit.jit, "pmap": fastpjit.pmap}[kind]
+    oracle = {"jit": jax.jit, "pmap": jax.pmap}[kind]
+
+    def double(a):
+        return a * 2
+
+    ours, theirs = wrap(double), oracle(fresh(double))
+    counts = Counts()
+    for step in range(50):
+        dtype = np.float32 if step % 2 else np.int32
+        batch = unpickled(np.arange(8 * 4, dtype=dtype).reshape(8, 4) + step)
+        assert_same_outputs(ours(batch), theirs(batch))
+    assert ours.cache_size() == 2
+    assert counts["cache_misses"] == 2
+
+
+def test_aot_compiled_function_rejects_another_dtype_like_jax():
+    x32 = np.arange(8, dtype=np.int32)
+    ours = fastpjit.jit(lambda a: a + 1).lower(x32).compile()
+    theirs = jax.jit(lambda a: a + 1).lower(x32).compile()
+    ours(unpickled(x32))
+    for bad in (unpickled(x32.astype(np.float32)), x32.astype(np.float32)):
+        with pytest.raises(TypeError) as expected:
+            theirs(bad)
+        with pytest.raises(TypeError) as got:
+            ours(bad)
+        assert str(got.value) == str(expected.value)
+
+
+def test_aot_compiled_function_on_eight_devices_rejects_another_shape_or_dtype():
+    # jaxlib 0.10.2 crashes when execute_sharded gets multi-device buffers of another size or
+    # dtype, so a wrong argument must be caught before it gets there.
+    x = jax.device_put(np.arange(32, dtype=np.float32).reshape(8, 4), ROW_8)
+    ours = fastpjit.jit(lambda a: a + 1).lower(x).compile()
+    theirs = jax.jit(lambda a: a + 1).lower(x).compile()
+    ours(x)
+    bad_args = [jax.device_put(np.zeros((16, 4), np.float32), ROW_8),
+                jax.device_put(np.zeros((8, 4), np.int32), ROW_8)]
+    for bad in bad_args:
+        with pytest.raises(TypeError) as expected:
+            theirs(bad)
+        with pytest.raises(TypeError) as got:
+            ours(bad)
+        assert str(got.value) == str(expected.value)
+    with pytest.raises(TypeError):
+        ours(x, x)
+
+
+# --- static arguments: by type and value, positional and keyword apart -----------------------
+
+
+def scale(x, k=1):
+    return x * k
+
+
+@pytest.mark.parametrize("values", [(2, 2.0), (True, 1.0), (1, True), (2.0, 2)])
+def test_static_keyword_arguments_of_equal_value_and_other_type(values):
+    ours, theirs = both(scale, static_argnames="k")
+    x = jnp.arange(4, dtype=jnp.int32)
+    for k in (*values, *values):
+        assert_same_outputs(ours(x, k=k), theirs(x, k=k))
+
+
+def pick(x, s=None, k=None):
+    return x + (len(s) if isinstance(s, tuple) else 0) + (10 * k if k is not None else 0)
+
+
+def test_a_positional_static_never_meets_a_keyword_static():
+    ours, theirs = both(pick, static_argnums=1, static_argnames="k")
+    x = jnp.arange(4)
+    calls = [((x, ("k", 4)), {}), ((x,), {"k": 4}), ((x, ("k", 4)), {}), ((x,), {"k": 4})]
+    for args, kwargs in calls:
+        assert_same_outputs(ours(*args, **kwargs), theirs(*args, **kwargs))
+    assert ours.cache_size() == 2
+
+
+def equality_raises() -> type:
+    """A class whose instances hash alike and refuse to be compared; a new one per side, so
+    that no cache of JAX's compares one side's instances with the other's."""
+
+    class EqualityRaises:
+        def __hash__(self) -> int:
+            return 7
+
+        def __eq__(self, other: object) -> bool:
+            raise RuntimeError("no comparison")
+
+    return EqualityRaises
+
+
+def test_a_static_argument_whose_eq_raises_fails_like_jax():
+    ours, theirs = both(lambda x, s: x + 1, static_argnums=1)
+    x = jnp.arange(4)
+    for f in (theirs, ours):
+        kind = equality_raises()
+        f(x, kind())
+        with pytest.raises(ValueError, match="static arguments should be comparable using __eq__"):
+            f(x, kind())
+
+
+def test_an_unhashable_static_argument_fails_like_jax():
+    ours, theirs = both(lambda x, s: x + 1, static_argnums=1)
+    for value in ([1], {"a": 1}):
+        with pytest.raises(ValueError) as expected:
+            theirs(jnp.arange(4), value)
+        with pytest.raises(ValueError) as got:
+            ours(jnp.arange(4), value)
+        assert str(got.value).split(".")[0] == str(expected.value).split(".")[0]
+
+
+# --- a call made while a trace is active is staged, as jax.jit stages it ---------------------
+
+
+def jit_equations(jaxpr: Any) -> list[Any]:
+    return [e for e in jaxpr.jaxpr.eqns if e.primitive.name in ("jit", "pjit")]
+
+
+def test_a_cached_function_called_with_concrete_arrays_inside_a_trace_is_staged():
+    x = jnp.arange(4.0)
+    ours, theirs = both(lambda a: a * 2)
+    ours(x), theirs(x)
+    expected = jax.make_jaxpr(lambda y: theirs(x) + y)(1.0)
+    got = jax.make_jaxpr(lambda y: ours(x) + y)(1.0)
+    assert len(jit_equations(expected)) == 1
+    assert len(jit_equations(got)) == 1
+    assert str(got) == str(expected)
+
+
+def test_a_donating_function_called_inside_a_trace_leaves_the_closed_over_array():
+    x = jnp.arange(4.0)
+    ours, theirs = both(lambda a: a * 2, donate_argnums=0)
+    ours(jnp.arange(4.0)), theirs(jnp.arange(4.0))
+    for inner in (theirs, ours):
+        outer = jax.jit(lambda y, inner=inner: inner(x) + y)
+        np.testing.assert_array_equal(np.asarray(outer(1.0)), np.arange(4.0) * 2 + 1)
+        assert not x.is_deleted()
+        # A new signature retraces, closing over x again.
+        np.testing.assert_array_equal(np.asarray(outer(jnp.ones(4))), np.arange(4.0) * 2 + 1)
+
+
+@pytest.mark.parametrize("kind", ["pmap", "jit with in_shardings"])
+def test_an_argument_that_must_move_inside_a_trace(kind):
+    if kind == "pmap":
+        ours, theirs = fastpjit.pmap(lambda a: a + 1), jax.pmap(lambda a: a + 1)
+    else:
+        ours, theirs = both(lambda a: a + 1, in_shardings=ROW_8)
+    on_one = jnp.arange(8.0)  # uncommitted, on one device
+    for f in (ours, theirs):
+        f(on_one)  # cached, with an argument that the call moves to the executable's sharding
+    expected = jax.jit(lambda y: theirs(on_one) + y)(1.0)
+    got = jax.jit(lambda y: ours(on_one) + y)(1.0)
+    assert_same_outputs(got, expected)
+
+
+# --- jax_debug_nans and jax_debug_infs hold on cached calls ----------------------------------
+
+
+def raised_in_a_new_thread(call: Any) -> BaseException | None:
+    """What `call()` raises in a thread of its own. JAX's de-optimized rerun after a pmap's
+    invalid value leaves its thread with the checks off (a thread-local None post-hook), so
+    each side starts from a thread that has the global configuration."""
+    raised: list[BaseException | None] = [None]
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as err:  # reported to the caller
+            raised[0] = err
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(timeout=120)
+    return raised[0]
+
+
+@pytest.mark.parametrize("flag", ["jax_debug_nans", "jax_debug_infs"])
+@pytest.mark.parametrize("kind", ["jit", "pmap"])
+def test_debug_nans_and_infs_on_first_and_cached_calls(flag, kind):
+    def divide(a, b):
+        return a / b
+
+    wrap, oracle = {"jit": (fastpjit.jit, jax.jit), "pmap": (fastpjit.pmap, jax.pmap)}[kind]
+    ours, theirs = wrap(divide), oracle(fresh(divide))
+    x = jnp.arange(8.0).reshape(8, 1)
+    ones, zeros = jnp.ones((8, 1)), jnp.zeros((8, 1))  # x / zeros: nan, then infs
+    ours(x, ones), theirs(x, ones)  # cached before the flag is set: the hit must check, too
+    with _config(flag, True):
+        repeats = 2 if kind == "jit" else 1
+        for f in (theirs, ours):
+            for _ in range(repeats):
+                f(x, ones)
+                raised = raised_in_a_new_thread(lambda f=f: f(x, zeros))
+                assert type(raised) is FloatingPointError, raised
+        assert_same_outputs(ours(x, ones), theirs(x, ones))
+        # A first call under the flag raises JAX's public error, not its internal one.
+        raised = raised_in_a_new_thread(lambda: wrap(fresh(divide))(x, zeros))
+        assert type(raised) is FloatingPointError, raised
+
+
+class _config:
+    """`jax.config.update` for the duration of a with block."""
+
+    def __init__(self, name: str, value: Any):
+        self.name, self.value = name, value
+
+    def __enter__(self) -> None:
+        self.before = getattr(jax.config, self.name)
+        jax.config.update(self.name, self.value)
+
+    def __exit__(self, *exc: Any) -> None:
+        jax.config.update(self.name, self.before)
+
+
+# --- donated and deleted arguments -----------------------------------------------------------
+
+
+def test_reusing_a_donated_array_raises_jax_s_value_error():
+    ours, theirs = both(lambda a: a + 1, donate_argnums=0)
+    for f in (theirs, ours):
+        f(jnp.ones(4))  # cached
+        donated = jnp.ones(4)
+        f(donated)
+        with pytest.raises(ValueError):
+            f(donated)
+
+
+def test_a_deleted_array_raises_jax_s_runtime_error():
+    ours, theirs = both(lambda a: a + 1)
+    for f in (theirs, ours):
+        f(jnp.ones(4))
+        deleted = jnp.ones(4)
+        deleted.delete()
+        with pytest.raises(RuntimeError, match="Array has been deleted"):
+            f(deleted)
+
+
+@pytest.mark.timeout(120)
+def test_a_donated_array_on_eight_devices_raises_instead_of_crashing():
+    # jaxlib 0.10.2 crashes when execute_sharded gets a donated multi-device buffer (JAX's own
+    # cached path does so too), so this runs in a child process.
+    script = textwrap.dedent("""
+        import numpy as np, jax, fastpjit
+        from jax.sharding import NamedSharding, PartitionSpec as P
+        s = NamedSharding(jax.make_mesh((8,), ("x",)), P("x"))
+        f = fastpjit.jit(lambda a: a + 1, donate_argnums=0)
+        f(jax.device_put(np.ones((8, 4), np.float32), s))
+        x = jax.device_put(np.ones((8, 4), np.float32), s)
+        f(x)
+        try:
+            f(x)
+        except ValueError as e:
+            print("raised ValueError")
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=110)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "raised ValueError" in result.stdout
+
+
+# --- what the key must not confuse -----------------------------------------------------------
+
+
+def test_single_device_sharding_and_commitment_are_keyed():
+    ours, theirs = both(lambda a: a + 1)
+    committed = [jax.device_put(np.arange(4.0), d) for d in DEVICES[:3]]
+    uncommitted = jnp.arange(4.0)
+    for x in (*committed, uncommitted, *committed, uncommitted):
+        assert_same_outputs(ours(x), theirs(x))
+
+
+@pytest.mark.parametrize("value", [0.0, -0.0, 1.5, float("nan"), 3, -3, True, False, 2j])
+def test_python_scalars_of_every_type_and_sign(value):
+    ours, theirs = both(lambda a, b: a * b)
+    x = jnp.arange(4.0)
+    for v in (value, 1.0, value, 1, value, True, value):
+        assert_same_outputs(ours(x, v), theirs(x, v))
+
+
+def test_numpy_scalars_and_arrays_of_every_width():
+    ours, theirs = both(lambda a, b: a + b)
+    x = jnp.arange(4, dtype=jnp.float32)
+    values = [np.float32(1.5), np.float16(1.5), np.int8(3), np.uint8(3), np.bool_(True),
+              np.float64(2.5), np.int64(2), np.arange(4, dtype=np.int16),
+              np.arange(4, dtype=np.float32), unpickled(np.arange(4, dtype=np.float16))]
+    for v in (*values, *values):
+        assert_same_outputs(ours(x, v), theirs(x, v))
+
+
+def test_keyword_arguments_in_any_order_and_names_built_at_run_time():
+    ours, theirs = both(lambda a, b, c: a - b * c)
+    x, y, z = jnp.arange(4.0), jnp.ones(4), jnp.full(4, 2.0)
+    name_b = "".join(["b"])
+    calls = [{"b": y, "c": z}, {"c": z, "b": y}, {name_b: y, "c": z}]
+    for kwargs in (*calls, *calls):
+        assert_same_outputs(ours(x, **kwargs), theirs(x, **kwargs))
+    assert ours.cache_size() == 1
