@@ -6,6 +6,7 @@ the shard and unshard work done in Rust.
 
 from __future__ import annotations
 
+from fastpjit import _launched
 from fastpjit._core import __version__, reset_stats, set_host_pool_limit, stats
 from fastpjit.errors import DuplicateSpecError, IndivisibleError, ShardingRankError
 from fastpjit.jit import jit, pjit
@@ -19,6 +20,11 @@ from fastpjit.sharding import (
     shard_shape,
 )
 from fastpjit.transfer import device_get, device_put
+
+# In a process that `python -m fastpjit.launch` started: report an uncaught exception to the
+# launcher at once, and die with the launcher. (Importing fastpjit also registers the launcher's
+# cluster environment with jax.distributed, in fastpjit._jax.)
+_launched.install()
 
 __all__ = [
     "DuplicateSpecError",
