@@ -19,7 +19,7 @@ from fastpjit.sharding import (
     parse_hlo_sharding,
     shard_shape,
 )
-from fastpjit.transfer import device_get, device_put
+from fastpjit.transfer import device_get, device_put, make_array_from_process_local_data
 
 # In a process that `python -m fastpjit.launch` started: report an uncaught exception to the
 # launcher at once, and die with the launcher. (Importing fastpjit also registers the launcher's
@@ -38,6 +38,7 @@ __all__ = [
     "devices_indices_map",
     "indices_array",
     "jit",
+    "make_array_from_process_local_data",
     "parse_hlo_sharding",
     "pjit",
     "pmap",

@@ -18,6 +18,7 @@ __all__ = [
     "device_replica_id_map",
     "devices_indices_map",
     "indices_array",
+    "make_array_from_process_local_leaf",
     "reset_stats",
     "set_host_pool_limit",
     "shard_shape",
@@ -42,7 +43,10 @@ def indices_array(sharding: Any, global_shape: Sequence[int]) -> npt.NDArray[np.
 def canonical_hlo_sharding(text: str, num_devices: int) -> str: ...
 def device_put_leaf(x: Any, sharding: Any, committed: bool = True) -> Any: ...
 def device_get_leaf(x: Any) -> Any: ...
-def transfer_cache_sizes() -> tuple[int, int, int]: ...
+def transfer_cache_sizes() -> tuple[int, int, int, int]: ...
+def make_array_from_process_local_leaf(
+    local_data: Any, sharding: Any, global_shape: Any = None
+) -> Any: ...
 
 @disjoint_base
 class JitFunction:

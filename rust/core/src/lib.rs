@@ -9,6 +9,7 @@ pub mod hlo_sharding;
 pub mod host_pool;
 pub mod index_map;
 pub mod mesh;
+pub mod process_local;
 pub mod strided;
 pub mod tile;
 
@@ -16,4 +17,5 @@ pub use error::ShardingError;
 pub use hlo_sharding::HloSharding;
 pub use index_map::IndexMap;
 pub use mesh::{MeshAxes, NamedSpec};
+pub use process_local::{local_blocks, process_block_counts, LocalDataError};
 pub use tile::{DeviceOrder, TileLayout};
