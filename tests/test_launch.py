@@ -169,6 +169,26 @@ def test_sigint_and_timeout_from_the_command_line(tmp_path):
     assert "--timeout of 1.5 s reached" in done.stderr
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal: Linux")
+def test_processes_die_with_a_launcher_that_is_killed_outright(tmp_path):
+    # No launcher code runs on SIGKILL: each process asked the kernel, at `import fastpjit`.
+    path = script(tmp_path, """
+        import os, time
+        import fastpjit
+        print("pid", os.getpid(), flush=True)
+        time.sleep(600)
+    """)
+    with subprocess.Popen([*LAUNCH, "--nproc", "2", path], stdout=subprocess.PIPE,
+                          stderr=subprocess.DEVNULL, text=True) as launcher:
+        pids = [int(launcher.stdout.readline().split()[-1]) for _ in range(2)]
+        launcher.kill()
+        launcher.wait()
+    deadline = time.monotonic() + 10
+    while not all(gone(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(gone(pid) for pid in pids)
+
+
 @pytest.mark.parametrize("args", [
     ["--nproc", "0", "x.py"],
     ["--nproc", "2", "--timeout", "0", "x.py"],

@@ -258,23 +258,16 @@ class Launcher:
         """Relays what the pipes hold, waiting up to `timeout` for something to arrive."""
         reports = []
         for key, _ in selector.select(timeout):
-            fd = key.fd
             try:
-                data = os.read(fd, _MAX_LINE)
+                data = os.read(key.fd, _MAX_LINE)
             except BlockingIOError:
                 continue
-            if key.data is None:
-                reports.append(data)
-            elif data:
-                self._relays[fd].feed(data)
-                continue
             if not data:
-                selector.unregister(fd)
-                if key.data is None:
-                    os.close(fd)
-                else:
-                    self._relays.pop(fd).close()
-                    key.data.close()
+                self._close(selector, key)
+            elif key.data is None:
+                reports.append(data)
+            else:
+                self._relays[key.fd].feed(data)
         # Reports after output: the traceback that a report follows is relayed first.
         for data in reports:
             self._read_reports(data)
@@ -283,7 +276,8 @@ class Launcher:
         *lines, self._report = (self._report + data).split(b"\n")
         for line in lines:
             index, _, exc_type = line.decode(errors="replace").partition(" ")
-            self._fail(int(index), f"raised {exc_type}", 1)
+            if index.isdigit():
+                self._fail(int(index), f"raised {exc_type}", 1)
 
     def _notice_exits(self) -> None:
         for child in self.children:
@@ -327,12 +321,17 @@ class Launcher:
         while self.alive() and time.monotonic() < end:
             time.sleep(0.01)
         for key in list(selector.get_map().values()):
-            selector.unregister(key.fd)
-            if key.data is None:
-                os.close(key.fd)
-            else:
-                self._relays.pop(key.fd).close()
-                key.data.close()
+            self._close(selector, key)
+
+    def _close(self, selector: selectors.BaseSelector, key: selectors.SelectorKey) -> None:
+        """Stops reading a pipe: a process's output (its last partial line relayed) or the
+        report pipe."""
+        selector.unregister(key.fd)
+        if key.data is None:
+            os.close(key.fd)
+        else:
+            self._relays.pop(key.fd).close()
+            key.data.close()
 
     def _say(self, message: str) -> None:
         _write(self._stderr, f"fastpjit.launch: {message}\n".encode())
