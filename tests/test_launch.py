@@ -233,9 +233,11 @@ def test_the_environment_of_each_process(monkeypatch):
 
 def test_jax_finds_the_launch_before_any_other_cluster(monkeypatch):
     # Inside a SLURM allocation, say, the launcher's processes are still its own.
-    monkeypatch.setenv("SLURM_JOB_ID", "1")
-    monkeypatch.setenv("SLURM_NTASKS", "16")
-    monkeypatch.setenv("SLURM_PROCID", "9")
+    slurm = {"SLURM_JOB_ID": "1", "SLURM_STEP_NODELIST": "node[0-3]", "SLURM_NTASKS": "16",
+             "SLURM_PROCID": "9", "SLURM_LOCALID": "3"}
+    for name, value in slurm.items():
+        monkeypatch.setenv(name, value)
+    assert clusters.SlurmCluster.is_env_present()
     monkeypatch.setenv(_launched.PROCESS_ID, "1")
     monkeypatch.setenv(_launched.NUM_PROCESSES, "2")
     monkeypatch.setenv(_launched.COORDINATOR_ADDRESS, "127.0.0.1:5000")
