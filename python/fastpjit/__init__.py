@@ -1,7 +1,8 @@
 """fastpjit: JAX's pmap and jit with a Rust runtime core.
 
-So far: sharding index maps computed in Rust, equal to JAX's, and device_put/device_get with
-the shard and unshard work done in Rust.
+jit/pjit and pmap dispatched in Rust; sharding index maps computed in Rust, equal to JAX's;
+device_put, device_get and make_array_from_process_local_data with the shard and unshard work
+done in Rust. `python -m fastpjit.launch` runs a multi-process program on one machine.
 """
 
 from __future__ import annotations
