@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import jax
 import numpy as np
+from floors import pmap_floor, runner
 from harness import Case, Sides
 
 import fastpjit
@@ -30,24 +31,11 @@ def _same(ours, theirs) -> bool:
                for a, b in pairs)
 
 
-def _floor(pmapped, args):
-    """The executable that `pmapped` runs for `args`, called directly."""
-    outs, entry, _, _ = _jax.pmap_cache_miss(pmapped, args, {})
-    executable, out_tree, _, handlers, kept, consts = entry
-    assert all(kept) and not consts, "the floor needs every argument kept and no constants"
-    flat = jax.tree.leaves(args)
-    run = executable.execute_sharded
-
-    def call():
-        return out_tree.unflatten(run(flat).consume_with_handlers(handlers))
-    return call
-
-
 def _sides(fun, devices: int, args, floor_args=None, **options) -> Sides:
     device_list = jax.devices()[:devices]
     ours = fastpjit.pmap(fun, devices=device_list, **options)
     theirs = jax.pmap(fun, devices=device_list, **options)
-    floor = _floor(theirs, floor_args if floor_args is not None else args)
+    floor = pmap_floor(theirs, floor_args if floor_args is not None else args, {})
     return Sides(ours=lambda: ours(*args), jax=lambda: theirs(*args), floor=floor,
                  check=_same)
 
@@ -74,16 +62,14 @@ def _numpy_placed_each_call() -> Sides:
     host = np.arange(32, dtype=np.float32).reshape(8, 4)
     placed = _placed(8, 4)
     theirs = jax.pmap(lambda v: v + 1, devices=jax.devices()[:8])
-    _, entry, _, _ = _jax.pmap_cache_miss(theirs, (placed,), {})
-    executable, out_tree, in_shardings, handlers, _, _ = entry
-    sharding = in_shardings[0]
+    fast_path = _jax.pmap_cache_miss(theirs, (placed,), {}).fast_path
+    sharding = fast_path.in_shardings[0]
     indices = sharding.addressable_devices_indices_map(host.shape)
     shards, devices = [host[index] for index in indices.values()], list(indices)
-    run = executable.execute_sharded
+    run = runner(fast_path)
 
     def floor():
-        x = _jax.batched_device_put(placed.aval, sharding, shards, devices)
-        return out_tree.unflatten(run([x]).consume_with_handlers(handlers))
+        return run([_jax.batched_device_put(placed.aval, sharding, shards, devices)])
 
     assert _same(floor(), sides.jax())
     return Sides(ours=sides.ours, jax=sides.jax, floor=floor, check=_same)

@@ -772,8 +772,8 @@ def test_deleted_and_donated_arrays_raise_runtime_error(kind, where):
 
 
 def test_transfer_caches_stay_bounded():
-    bounds = (512, 512, 256)
-    largest = [0, 0, 0]
+    bounds = (512, 512, 256, 256)
+    largest = [0, 0, 0, 0]
 
     def check():
         sizes = _core.transfer_cache_sizes()
@@ -787,6 +787,9 @@ def test_transfer_caches_stay_bounded():
     for i in range(300):
         dtype = np.dtype(np.float32, metadata={"i": i})  # a distinct dtype object each time
         fastpjit.device_put(np.zeros(2, dtype), DEVICES[0])
+        check()
+    for n in range(1, 300):
+        _core.make_array_from_process_local_leaf(np.zeros((8, n), np.int8), s)
         check()
     assert largest == list(bounds)  # every bound was reached, and held
 

@@ -1,11 +1,13 @@
 """fastpjit: JAX's pmap and jit with a Rust runtime core.
 
-So far: sharding index maps computed in Rust, equal to JAX's, and device_put/device_get with
-the shard and unshard work done in Rust.
+jit/pjit and pmap dispatched in Rust; sharding index maps computed in Rust, equal to JAX's;
+device_put, device_get and make_array_from_process_local_data with the shard and unshard work
+done in Rust. `python -m fastpjit.launch` runs a multi-process program on one machine.
 """
 
 from __future__ import annotations
 
+from fastpjit import _launched
 from fastpjit._core import __version__, reset_stats, set_host_pool_limit, stats
 from fastpjit.errors import DuplicateSpecError, IndivisibleError, ShardingRankError
 from fastpjit.jit import jit, pjit
@@ -18,7 +20,12 @@ from fastpjit.sharding import (
     parse_hlo_sharding,
     shard_shape,
 )
-from fastpjit.transfer import device_get, device_put
+from fastpjit.transfer import device_get, device_put, make_array_from_process_local_data
+
+# In a process that `python -m fastpjit.launch` started: report an uncaught exception to the
+# launcher at once, and die with the launcher. (Importing fastpjit also registers the launcher's
+# cluster environment with jax.distributed, in fastpjit._jax.)
+_launched.install()
 
 __all__ = [
     "DuplicateSpecError",
@@ -32,6 +39,7 @@ __all__ = [
     "devices_indices_map",
     "indices_array",
     "jit",
+    "make_array_from_process_local_data",
     "parse_hlo_sharding",
     "pjit",
     "pmap",

@@ -5,6 +5,7 @@ A JAX upgrade that moves any of these names should need changes here and nowhere
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 from collections.abc import Sequence
@@ -14,6 +15,7 @@ import jax
 import numpy as np
 from jax._src import api as _api
 from jax._src import api_util as _api_util
+from jax._src import clusters as _clusters
 from jax._src import compiler as _compiler
 from jax._src import config as _config
 from jax._src import core as _core
@@ -36,6 +38,7 @@ from jax._src.lib import xla_client as xc
 from jax._src.sharding_impls import GSPMDSharding
 
 from fastpjit import _core as _native
+from fastpjit import _launched
 
 IndivisibleError = _sharding.IndivisibleError
 DuplicateSpecError = _named_sharding.DuplicateSpecError
@@ -79,6 +82,7 @@ __all__ = [
     "jit_key_state_names",
     "jit_key_states",
     "jit_static_args",
+    "LaunchedCluster",
     "legacy_pjit",
     "logical_device_ids",
     "passes_as_is",
@@ -686,3 +690,46 @@ def backend_compiles() -> int:
     """How many backend compiles JAX has run in this process so far (loads from the persistent
     compilation cache left out)."""
     return _backend_compiles
+
+
+# --- fastpjit.launch: the cluster environment of the processes that it starts ---------------
+# jax.distributed.initialize() with no arguments asks JAX's cluster environments (SLURM, Open
+# MPI, Kubernetes, ...) for the coordinator address, the process count and this process's id.
+# The launcher passes them in environment variables (fastpjit._launched); this environment
+# reads them. JAX registers each ClusterEnv subclass as it is defined and takes the first one
+# present in that order: this one is moved first, so that a launch inside, say, a SLURM
+# allocation is not taken for the allocation's own job.
+
+
+class LaunchedCluster(_clusters.ClusterEnv):
+    """The processes of one `python -m fastpjit.launch` run, all on this machine."""
+
+    name = "fastpjit"
+
+    @classmethod
+    def is_env_present(cls) -> bool:
+        return _launched.launched()
+
+    @classmethod
+    def get_coordinator_address(cls, timeout_secs: int | None,
+                                override_coordinator_port: str | None) -> str:
+        return os.environ[_launched.COORDINATOR_ADDRESS]
+
+    @classmethod
+    def get_process_count(cls) -> int:
+        return int(os.environ[_launched.NUM_PROCESSES])
+
+    @classmethod
+    def get_process_id(cls) -> int:
+        return int(os.environ[_launched.PROCESS_ID])
+
+    @classmethod
+    def get_local_process_id(cls) -> int | None:
+        # Every process is on this machine. JAX then shows each one GPU, the one of its index,
+        # unless JAX_LOCAL_DEVICE_IDS (set by --local-devices) names others; as it does under
+        # SLURM and Open MPI. The CPU ignores it.
+        return cls.get_process_id()
+
+
+_clusters.ClusterEnv._cluster_types.remove(LaunchedCluster)
+_clusters.ClusterEnv._cluster_types.insert(0, LaunchedCluster)

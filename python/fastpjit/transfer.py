@@ -1,4 +1,4 @@
-"""device_put and device_get with the shard path in Rust.
+"""device_put, device_get and make_array_from_process_local_data with the shard path in Rust.
 
 Host values (numpy arrays and scalars, Python scalars) are sliced per device and placed by
 `fastpjit._core`; jax.Arrays that already have the target sharding come back as they are, as in
@@ -11,11 +11,12 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+import numpy as np
 from jax.sharding import Sharding, SingleDeviceSharding
 
 from fastpjit import _core, _jax
 
-__all__ = ["device_get", "device_put"]
+__all__ = ["device_get", "device_put", "make_array_from_process_local_data"]
 
 def _fallback(reason: str, x: Any, device: Any, **kwargs: Any) -> Any:
     _core.count_fallback(reason)
@@ -112,3 +113,46 @@ def device_get(x: Any) -> Any:
 def _fallback_get(reason: str, x: Any) -> Any:
     _core.count_fallback(reason)
     return jax.device_get(x)
+
+
+def make_array_from_process_local_data(
+    sharding: Any, local_data: Any, global_shape: Any = None
+) -> Any:
+    """A global array built from the data that each process holds for its own devices.
+
+    The same signature and results as `jax.make_array_from_process_local_data`. In each
+    dimension, `local_data` is either the whole global extent, or the slices that this
+    process's devices hold, one after the other in global order; `global_shape` defaults to
+    the shape that this implies. One sharding and one global shape (or None) for every leaf
+    take fastpjit's path; pytrees of them, PartitionSpecs, and leaves that are not numpy
+    arrays go through JAX and are counted as fallbacks.
+    """
+    if not isinstance(sharding, Sharding) or not (
+            global_shape is None or isinstance(global_shape, tuple)):
+        return _fallback_local("make_array_from_process_local_data: a PartitionSpec, or pytrees "
+                               "of shardings or global shapes", sharding, local_data, global_shape)
+    leaves, treedef = jax.tree_util.tree_flatten(local_data)
+    if jax.process_count() == 1:
+        # As in JAX: one process holds the whole array.
+        for leaf in leaves:
+            if global_shape is not None and global_shape != leaf.shape:
+                raise ValueError(
+                    "When calling `make_array_from_process_local_data` on a single process, "
+                    f"global_shape should be None or equal to local_data.shape. Got "
+                    f"global_shape={global_shape} and local_data.shape={leaf.shape}.")
+        return device_put(local_data, sharding)
+    if global_shape is not None and None in global_shape:
+        raise ValueError(f"{global_shape=} has Nones. This is not supported.")
+    out = []
+    for leaf in leaves:
+        if isinstance(leaf, np.ndarray | np.generic) and leaf.dtype != jax.dtypes.float0:
+            out.append(_core.make_array_from_process_local_leaf(leaf, sharding, global_shape))
+        else:
+            out.append(_fallback_local("make_array_from_process_local_data: a leaf that is not "
+                                       "a numpy array", sharding, leaf, global_shape))
+    return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def _fallback_local(reason: str, sharding: Any, local_data: Any, global_shape: Any) -> Any:
+    _core.count_fallback(reason)
+    return jax.make_array_from_process_local_data(sharding, local_data, global_shape)

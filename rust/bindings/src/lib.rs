@@ -6,6 +6,7 @@ mod errors;
 mod host_memory;
 mod index_maps;
 mod jax;
+mod process_local;
 mod shard_buffer;
 mod sharding;
 mod stats;
@@ -34,6 +35,10 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(transfer::device_put_leaf, m)?)?;
     m.add_function(wrap_pyfunction!(transfer::device_get_leaf, m)?)?;
     m.add_function(wrap_pyfunction!(transfer::transfer_cache_sizes, m)?)?;
+    m.add_function(wrap_pyfunction!(
+        process_local::make_array_from_process_local_leaf,
+        m
+    )?)?;
     m.add_function(wrap_pyfunction!(host_memory::set_host_pool_limit, m)?)?;
     m.add_class::<dispatch::JitFunction>()?;
     m.add_class::<dispatch::FastPath>()?;

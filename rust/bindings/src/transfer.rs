@@ -84,7 +84,7 @@ fn handles(py: Python<'_>) -> PyResult<&Handles> {
 }
 
 /// Identity of a Python object, valid while the cache entry holds a reference to it.
-fn id(obj: &Bound<'_, PyAny>) -> usize {
+pub fn id(obj: &Bound<'_, PyAny>) -> usize {
     obj.as_ptr() as usize
 }
 
@@ -116,7 +116,7 @@ fn canonical_dtype<'py>(dtype: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>
 }
 
 /// What `batched_device_put` needs for one (sharding, shape, dtype, weak type), built once.
-struct PutPlan {
+pub struct PutPlan {
     _pinned: (Py<PyAny>, Py<PyAny>),
     aval: Py<PyAny>,
     devices: Py<PyList>,
@@ -212,63 +212,107 @@ fn put_plan(
     dtype: &Bound<'_, PyAny>,
     weak_type: bool,
 ) -> PyResult<Arc<PutPlan>> {
-    let py = sharding.py();
     let key = (id(sharding), id(dtype), weak_type, shape.to_vec());
     if let Some(plan) = PUT_PLANS.get(&key) {
         return Ok(plan);
     }
     let (map, devices) = indexed_devices(sharding, shape, true)?;
-    let aval = handles(py)?.device_put_aval.bind(py).call1((
-        PyTuple::new(py, shape)?,
+    let shards: Vec<Shard<'_>> = devices
+        .into_iter()
+        .map(|d| Shard {
+            bounds: map.tile_bounds(d.tile).collect(),
+            device: d.device,
+            index: d.index,
+            tile: d.tile,
+        })
+        .collect();
+    let whole = map.num_tiles() <= 1;
+    let plan = Arc::new(PutPlan::new(
+        sharding,
+        shape,
         dtype,
         weak_type,
-        sharding,
-    ))?;
-    let indices =
-        (map.num_tiles() > 1).then(|| devices.iter().map(|d| d.index.clone().unbind()).collect());
-    let on_cpu = match devices.first() {
-        Some(first) => {
-            first
-                .device
-                .getattr(intern!(py, "platform"))?
-                .extract::<String>()?
-                == "cpu"
-        }
-        None => false,
-    };
-    let staging = on_cpu.then(|| {
-        let mut tile_ids: Vec<usize> = Vec::new();
-        let tile_of_device = devices
-            .iter()
-            .map(|d| {
-                tile_ids
-                    .iter()
-                    .position(|&t| t == d.tile)
-                    .unwrap_or_else(|| {
-                        tile_ids.push(d.tile);
-                        tile_ids.len() - 1
-                    })
-            })
-            .collect();
-        Staging {
-            shared_tiles: map.num_tiles() < devices.len(),
-            shard_shape: map.shard_shape().to_vec(),
-            tile_bounds: tile_ids
-                .iter()
-                .map(|&t| map.tile_bounds(t).collect())
-                .collect(),
-            tile_of_device,
-        }
-    });
-    let plan = Arc::new(PutPlan {
-        _pinned: (sharding.clone().unbind(), dtype.clone().unbind()),
-        aval: aval.unbind(),
-        devices: PyList::new(py, devices.iter().map(|d| &d.device))?.unbind(),
-        indices,
-        staging,
-    });
+        &shards,
+        map.shard_shape(),
+        whole,
+    )?);
     PUT_PLANS.insert(key, plan.clone());
     Ok(plan)
+}
+
+/// One device's part of a put: the device, the index of its block of the host array, the
+/// block's bounds, and the id of the tile it holds (devices with equal ids hold equal data).
+pub struct Shard<'py> {
+    pub device: Bound<'py, PyAny>,
+    pub index: Bound<'py, PyTuple>,
+    pub bounds: Vec<(usize, usize)>,
+    pub tile: usize,
+}
+
+impl PutPlan {
+    /// The plan that puts a host array onto `sharding` as a global array of `global_shape`,
+    /// each addressable device taking its shard's block of the host array; `whole`: every
+    /// block is the whole host array.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        sharding: &Bound<'_, PyAny>,
+        global_shape: &[usize],
+        dtype: &Bound<'_, PyAny>,
+        weak_type: bool,
+        shards: &[Shard<'_>],
+        shard_shape: &[usize],
+        whole: bool,
+    ) -> PyResult<Self> {
+        let py = sharding.py();
+        let aval = handles(py)?.device_put_aval.bind(py).call1((
+            PyTuple::new(py, global_shape)?,
+            dtype,
+            weak_type,
+            sharding,
+        ))?;
+        let indices = (!whole).then(|| shards.iter().map(|s| s.index.clone().unbind()).collect());
+        let on_cpu = match shards.first() {
+            Some(first) => {
+                first
+                    .device
+                    .getattr(intern!(py, "platform"))?
+                    .extract::<String>()?
+                    == "cpu"
+            }
+            None => false,
+        };
+        let staging = on_cpu.then(|| {
+            let mut tiles: Vec<usize> = Vec::new();
+            let tile_of_device: Vec<usize> = shards
+                .iter()
+                .map(|s| {
+                    tiles.iter().position(|&t| t == s.tile).unwrap_or_else(|| {
+                        tiles.push(s.tile);
+                        tiles.len() - 1
+                    })
+                })
+                .collect();
+            Staging {
+                shared_tiles: tiles.len() < shards.len(),
+                shard_shape: shard_shape.to_vec(),
+                tile_bounds: tiles
+                    .iter()
+                    .map(|&t| {
+                        let first = shards.iter().find(|s| s.tile == t).expect("a holder");
+                        first.bounds.clone()
+                    })
+                    .collect(),
+                tile_of_device,
+            }
+        });
+        Ok(Self {
+            _pinned: (sharding.clone().unbind(), dtype.clone().unbind()),
+            aval: aval.unbind(),
+            devices: PyList::new(py, shards.iter().map(|s| &s.device))?.unbind(),
+            indices,
+            staging,
+        })
+    }
 }
 
 /// `x` as a numpy array, and whether JAX would give it a weak type (Python int, float, complex).
@@ -329,20 +373,20 @@ fn check_int_fits(x: &Bound<'_, PyAny>, dtype: &Bound<'_, PyAny>) -> PyResult<()
 
 /// A host value as the numpy array that JAX places: canonical dtype, and whether it is weakly
 /// typed.
-struct HostValue<'py> {
-    array: Bound<'py, PyAny>,
-    dtype: Bound<'py, PyAny>,
-    weak_type: bool,
+pub struct HostValue<'py> {
+    pub array: Bound<'py, PyAny>,
+    pub dtype: Bound<'py, PyAny>,
+    pub weak_type: bool,
 }
 
 impl HostValue<'_> {
     /// float0, the tangent type of integers, has no bytes to place.
-    fn is_float0(&self) -> PyResult<bool> {
+    pub fn is_float0(&self) -> PyResult<bool> {
         Ok(self.dtype.cast::<PyArrayDescr>()?.itemsize() == 0)
     }
 }
 
-fn host_value<'py>(x: &Bound<'py, PyAny>) -> PyResult<HostValue<'py>> {
+pub fn host_value<'py>(x: &Bound<'py, PyAny>) -> PyResult<HostValue<'py>> {
     let py = x.py();
     let (array, weak_type) = host_array(x)?;
     let dtype = array.getattr(intern!(py, "dtype"))?;
@@ -374,10 +418,20 @@ fn place<'py>(
     sharding: &Bound<'py, PyAny>,
     committed: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
+    let shape: Vec<usize> = value.array.cast::<PyUntypedArray>()?.shape().to_vec();
+    let plan = put_plan(sharding, &shape, &value.dtype, value.weak_type)?;
+    put(value, sharding, &plan, committed)
+}
+
+/// Places a host value by `plan`, which was made for its shape and dtype on `sharding`.
+pub fn put<'py>(
+    value: &HostValue<'py>,
+    sharding: &Bound<'py, PyAny>,
+    plan: &PutPlan,
+    committed: bool,
+) -> PyResult<Bound<'py, PyAny>> {
     let py = sharding.py();
     let array = &value.array;
-    let shape: Vec<usize> = array.cast::<PyUntypedArray>()?.shape().to_vec();
-    let plan = put_plan(sharding, &shape, &value.dtype, value.weak_type)?;
     let devices = plan.devices.bind(py);
     let untyped = array.cast::<PyUntypedArray>()?;
     let itemsize = untyped.dtype().itemsize();
@@ -397,10 +451,10 @@ fn place<'py>(
                 } else {
                     &h.copy
                 };
-                (slices(array, &plan)?, semantics)
+                (slices(array, plan)?, semantics)
             }
         }
-        None => (slices(array, &plan)?, &h.zero_copy),
+        None => (slices(array, plan)?, &h.zero_copy),
     };
     h.batched_device_put.bind(py).call1((
         plan.aval.bind(py),
@@ -860,8 +914,14 @@ pub fn device_put_leaf<'py>(
     place(&value, sharding, committed)
 }
 
-/// The number of entries in the shard path's plan caches (for tests of their bounds).
+/// The number of entries in the shard path's plan caches (for tests of their bounds): puts,
+/// gets, canonical dtypes, puts of process-local data.
 #[pyfunction]
-pub fn transfer_cache_sizes() -> (usize, usize, usize) {
-    (PUT_PLANS.len(), GET_PLANS.len(), CANONICAL_DTYPES.len())
+pub fn transfer_cache_sizes() -> (usize, usize, usize, usize) {
+    (
+        PUT_PLANS.len(),
+        GET_PLANS.len(),
+        CANONICAL_DTYPES.len(),
+        crate::process_local::plans_cached(),
+    )
 }

@@ -10,6 +10,7 @@ pub mod host_pool;
 pub mod index_map;
 pub mod lru;
 pub mod mesh;
+pub mod process_local;
 pub mod strided;
 pub mod tile;
 
@@ -18,4 +19,5 @@ pub use hlo_sharding::HloSharding;
 pub use index_map::IndexMap;
 pub use lru::{LruBuckets, SlotRef};
 pub use mesh::{MeshAxes, NamedSpec};
+pub use process_local::{local_blocks, process_block_counts, LocalDataError};
 pub use tile::{DeviceOrder, TileLayout};

@@ -1,0 +1,92 @@
+"""Floors for dispatch benchmarks: the executable of a call, run raw.
+
+A floor is what any dispatcher pays for a call: `LoadedExecutable.execute_sharded` of the
+call's executable on its inputs already placed on their devices, then the result handlers and,
+for a tree of outputs, the output tree. No keying, no flattening, no checks, no transfers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from fastpjit import _jax
+
+
+def placed_inputs(fast_path: Any, flat_args: list[Any]) -> list[Any]:
+    """The executable's inputs for `flat_args`: its kept constants, then each kept argument
+    placed on its input sharding (host values and scalars too, canonicalized as JAX does)."""
+    num_consts = len(fast_path.const_args)
+    inputs = [c for c, kept in zip(fast_path.const_args, fast_path.kept, strict=False) if kept]
+    shardings = iter(fast_path.in_shardings[len(inputs):])
+    for arg, kept in zip(flat_args, fast_path.kept[num_consts:], strict=True):
+        if not kept:
+            continue
+        sharding = next(shardings)
+        if isinstance(arg, jax.Array) and arg.sharding == sharding:
+            inputs.append(arg)
+        else:
+            inputs.append(jax.device_put(arg, sharding))
+    return inputs
+
+
+def runner(fast_path: Any) -> Callable[[list[Any]], Any]:
+    """Runs the executable of `fast_path` on inputs as `placed_inputs` gives them."""
+    execute = fast_path.executable.execute_sharded
+    handlers, tree = fast_path.out_handlers, fast_path.out_treedef
+    if tree.num_leaves == 1 and tree.num_nodes == 1:
+        return lambda inputs: execute(inputs).consume_with_handlers(handlers)[0]
+    unflatten = tree.unflatten
+    return lambda inputs: unflatten(execute(inputs).consume_with_handlers(handlers))
+
+
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+
+
+def has_collectives(fast_path: Any) -> bool:
+    """Whether the executable communicates between devices. XLA's CPU collectives abort the
+    process when hundreds of such programs are in flight on a small machine (JAX's alike), so
+    benchmarks wait for each result of one."""
+    text = "\n".join(m.to_string() for m in fast_path.executable.hlo_modules())
+    return any(op in text for op in COLLECTIVES)
+
+
+def waiting(call: Callable[[], Any]) -> Callable[[], Any]:
+    """`call`, returning when its result is ready."""
+    return lambda: jax.block_until_ready(call())
+
+
+def jit_floor(jitted: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+              statics: tuple[int, ...] = ()) -> Callable[[], Any]:
+    """The floor of `jitted(*args, **kwargs)` (a jax.jit function), inputs placed once."""
+    miss = _jax.jit_cache_miss(jitted, args, kwargs)
+    return _floor(miss, _dynamic_leaves(args, kwargs, statics, jitted))
+
+
+def pmap_floor(pmapped: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+               statics: tuple[int, ...] = ()) -> Callable[[], Any]:
+    """The floor of `pmapped(*args, **kwargs)` (a jax.pmap function), inputs placed once."""
+    miss = _jax.pmap_cache_miss(pmapped, args, kwargs)
+    dynamic = tuple(a for i, a in enumerate(args) if i not in statics)
+    return _floor(miss, jax.tree.leaves((dynamic, kwargs)))
+
+
+def _dynamic_leaves(args: tuple[Any, ...], kwargs: dict[str, Any], statics: tuple[int, ...],
+                    jitted: Any) -> list[Any]:
+    argnums, argnames = _jax.jit_static_args(jitted)
+    static_positions = {i if i >= 0 else len(args) + i for i in (*argnums, *statics)}
+    dynamic = tuple(a for i, a in enumerate(args) if i not in static_positions)
+    dynamic_kwargs = {k: v for k, v in kwargs.items() if k not in argnames}
+    return jax.tree.leaves((dynamic, dynamic_kwargs))
+
+
+def _floor(miss: Any, flat_args: list[Any]) -> Callable[[], Any]:
+    if miss.fast_path is None:
+        raise AssertionError(f"the call has no fast path: {miss.jax_reason}")
+    inputs = placed_inputs(miss.fast_path, flat_args)
+    run = runner(miss.fast_path)
+    floor = lambda: run(inputs)  # noqa: E731
+    floor.fast_path = miss.fast_path  # type: ignore[attr-defined]
+    return floor

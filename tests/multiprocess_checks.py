@@ -1,0 +1,350 @@
+"""The checks of fastpjit against JAX that need two processes; run by `test_multiprocess.py` as
+
+    python -m fastpjit.launch --nproc 2 --local-devices 4 tests/multiprocess_checks.py
+
+Each process joins the other through a plain `jax.distributed.initialize()` (the launcher's
+environment, found once fastpjit is imported), runs every check in the same order, and prints
+`CHECK <name> ok`, or `CHECK <name> FAILED` and the traceback. A failed check does not stop the
+others, so each must leave both processes at the same point (each runs its collectives before
+it asserts anything).
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from jax._src.sharding_impls import device_replica_id_map
+from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
+from jax.sharding import PartitionSpec as P
+
+import fastpjit
+
+NUM_PROCESSES = 2
+LOCAL_DEVICES = 4
+CHECKS: list[Callable[[], None]] = []
+
+
+def check(fn: Callable[[], None]) -> Callable[[], None]:
+    CHECKS.append(fn)
+    return fn
+
+
+def assert_same_global_array(ours, theirs):
+    assert ours.shape == theirs.shape and ours.dtype == theirs.dtype, (ours.aval, theirs.aval)
+    assert ours.aval == theirs.aval, (ours.aval, theirs.aval)
+    assert ours.sharding == theirs.sharding, (ours.sharding, theirs.sharding)
+    assert ours.committed == theirs.committed
+    ours_shards = sorted(ours.addressable_shards, key=lambda s: s.device.id)
+    theirs_shards = sorted(theirs.addressable_shards, key=lambda s: s.device.id)
+    assert [(s.device, s.index) for s in ours_shards] == [
+        (s.device, s.index) for s in theirs_shards]
+    for a, b in zip(ours_shards, theirs_shards, strict=True):
+        assert a.data.dtype == b.data.dtype and a.data.shape == b.data.shape
+        np.testing.assert_array_equal(np.asarray(a.data), np.asarray(b.data))
+
+
+def devices():
+    return jax.devices()
+
+
+def mesh_2x4():
+    return Mesh(np.array(devices()).reshape(2, 4), ("x", "y"))
+
+
+def mesh_8():
+    return Mesh(np.array(devices()), ("x",))
+
+
+def by_process():
+    """The devices with the two processes interleaved: 0 of process 0, 0 of process 1, ..."""
+    return sorted(devices(), key=lambda d: (d.id % LOCAL_DEVICES, d.process_index))
+
+
+# --- Index maps ----------------------------------------------------------------------------
+
+
+def check_index_maps(sharding, shape, local_devices):
+    ours = fastpjit.devices_indices_map(sharding, shape)
+    assert ours == sharding.devices_indices_map(shape), sharding
+    assert list(ours) == list(sharding.devices_indices_map(shape)), sharding
+    assert set(ours) == set(sharding.device_set)
+
+    ours_local = fastpjit.addressable_devices_indices_map(sharding, shape)
+    assert ours_local == sharding.addressable_devices_indices_map(shape), sharding
+    assert set(ours_local) == set(ours) & set(local_devices), sharding
+    assert all(d.process_index == jax.process_index() for d in ours_local)
+
+    assert fastpjit.shard_shape(sharding, shape) == sharding.shard_shape(shape)
+    assert fastpjit.device_replica_id_map(sharding, shape) == device_replica_id_map(
+        sharding, shape
+    )
+    expected = [
+        [[s.start or 0, n if s.stop is None else s.stop] for s, n in zip(index, shape, strict=True)]
+        for index in (ours[d] for d in sharding._device_assignment)
+    ]
+    np.testing.assert_array_equal(
+        fastpjit.indices_array(sharding, shape),
+        np.array(expected, dtype=np.int64).reshape(len(expected), len(shape), 2),
+    )
+
+
+@check
+def index_maps():
+    process_id = jax.process_index()
+    local = jax.local_devices()
+    mesh = mesh_2x4()
+    interleaved = Mesh(np.array(by_process()).reshape(2, 2, 2), ("a", "b", "c"))
+    made = jax.make_mesh((4, 2), ("x", "y"))
+    remote = [d for d in devices() if d.process_index != process_id]
+    remote_only = Mesh(np.array(remote).reshape(2, 2), ("x", "y"))
+    cases = [
+        (NamedSharding(mesh, P("x", "y")), (8, 8)),
+        (NamedSharding(mesh, P("y", "x")), (8, 4)),
+        (NamedSharding(mesh, P(("x", "y"))), (16, 3)),
+        (NamedSharding(mesh, P(None, "y")), (2, 4)),
+        (NamedSharding(mesh, P()), (5, 3)),
+        (NamedSharding(mesh, P()), ()),
+        (NamedSharding(interleaved, P("c", ("b", "a"))), (2, 8)),
+        (NamedSharding(interleaved, P("b")), (6,)),
+        (NamedSharding(made, P("y", "x")), (4, 8)),
+        (NamedSharding(remote_only, P("x")), (4, 4)),
+        (SingleDeviceSharding(remote[0]), (3, 3)),
+        (SingleDeviceSharding(local[-1]), (3, 3)),
+        (fastpjit.parse_hlo_sharding("{devices=[2,1,4]<=[8] last_tile_dim_replicate}",
+                                     devices()), (4, 6)),
+        (fastpjit.parse_hlo_sharding("{devices=[4,2]<=[2,4]T(1,0)}", by_process()), (8, 2)),
+    ]
+    for sharding, shape in cases:
+        check_index_maps(sharding, shape, local)
+    assert set(fastpjit.addressable_devices_indices_map(cases[0][0], (8, 8))) == set(local)
+    assert fastpjit.addressable_devices_indices_map(cases[9][0], (4, 4)) == {}
+
+
+# --- jit, device_put and pmap across the processes -----------------------------------------
+
+
+def global_array(sharding, shape):
+    host = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+    return host, jax.make_array_from_callback(shape, sharding, lambda index: host[index])
+
+
+@check
+def jit_over_a_global_mesh():
+    """fastpjit's compile, then its Rust fast path, across both processes, collectives
+    included; each call's outputs equal jax.jit's."""
+    mesh = mesh_2x4()
+    _, x = global_array(NamedSharding(mesh, P("x", "y")), (8, 8))
+    replicated = NamedSharding(mesh, P())
+
+    def step(a, b):
+        # An elementwise update, a transpose, a reduction over every device of both processes
+        # and a matmul whose result XLA shards.
+        return a * 2 + b, a.T, jnp.sum(a, axis=0), a @ a.T
+
+    ours = fastpjit.jit(step)
+    theirs = jax.jit(step)
+    reduced_ours = fastpjit.jit(lambda a: a.sum(), out_shardings=replicated)
+    reduced_theirs = jax.jit(lambda a: a.sum(), out_shardings=replicated)
+    before = fastpjit.stats()
+    results = []
+    for _ in range(3):  # a miss, then hits
+        results.append((ours(x, 1.5), theirs(x, 1.5), reduced_ours(x), reduced_theirs(x)))
+    after = fastpjit.stats()
+    for mine, expected, total, expected_total in results:
+        for a, b in zip(mine, expected, strict=True):
+            assert_same_global_array(a, b)
+        assert_same_global_array(total, expected_total)
+        assert float(total) == float(np.arange(64).sum())
+    assert after["cache_hits"] - before["cache_hits"] == 4, (before, after)
+    assert after["compiles"] - before["compiles"] == 2, (before, after)
+    assert after["fallbacks"] == before["fallbacks"], after["fallbacks"]
+
+
+@check
+def device_put_across_processes():
+    host = np.arange(64, dtype=np.float32).reshape(8, 8)
+    # On `columns`, each process holds two columns of the mesh, so that along y its four
+    # devices hold two tiles, each twice.
+    columns = Mesh(np.array(by_process()).reshape(4, 2).T, ("x", "y"))
+    for mesh in (mesh_2x4(), columns):
+        for spec in (P("x", "y"), P(), P("y"), P(None, "y"), P(None, ("x", "y"))):
+            sharding = NamedSharding(mesh, spec)
+            unaligned = np.arange(65, dtype=np.float32)[1:].reshape(8, 8)
+            for value in (host, unaligned, host.T):
+                assert_same_global_array(fastpjit.device_put(value, sharding),
+                                         jax.device_put(value, sharding))
+
+
+@check
+def pmap_of_host_local_rows():
+    # Results only: whether multi-process pmap takes fastpjit's fast path is not checked here.
+    per_process = np.arange(LOCAL_DEVICES * 3, dtype=np.float32).reshape(LOCAL_DEVICES, 3)
+    expected = jax.pmap(lambda v: v * 3 + jax.process_index())(per_process)
+    got = fastpjit.pmap(lambda v: v * 3 + jax.process_index())(per_process)
+    assert_same_global_array(got, expected)
+    assert {s.device for s in expected.addressable_shards} == set(jax.local_devices())
+
+
+# --- make_array_from_process_local_data against JAX's ---------------------------------------
+
+
+def local_values(shape, dtype=np.float32):
+    """Values that differ between the processes and between the elements."""
+    base = np.arange(int(np.prod(shape)), dtype=np.float64).reshape(shape)
+    return (base + 1000 * jax.process_index()).astype(dtype)
+
+
+def outcome(make, sharding, data, global_shape):
+    try:
+        return make(sharding, data, global_shape)
+    except Exception as e:  # compared below: same type as JAX's
+        return e
+
+
+def compare_with_jax(sharding, data, global_shape=None, *, fallbacks=0):
+    """Both functions on the same input: equal arrays, or the same exception type."""
+    before = sum(fastpjit.stats()["fallbacks"].values())
+    theirs = outcome(jax.make_array_from_process_local_data, sharding, data, global_shape)
+    ours = outcome(fastpjit.make_array_from_process_local_data, sharding, data, global_shape)
+    counted = sum(fastpjit.stats()["fallbacks"].values()) - before
+    case = (sharding, getattr(data, "shape", type(data)), global_shape)
+    if isinstance(theirs, Exception):
+        assert type(ours) is type(theirs), (case, ours, theirs)
+        return ours
+    assert not isinstance(ours, Exception), (case, ours)
+    for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs), strict=True):
+        assert_same_global_array(a, b)
+    assert counted == fallbacks, (case, fastpjit.stats()["fallbacks"])
+    return ours
+
+
+@check
+def make_array_1d_mesh():
+    mesh = mesh_8()
+    interleaved = Mesh(np.array(by_process()), ("x",))
+    for m in (mesh, interleaved):
+        for spec, local_shape, global_shape in [
+            (P("x"), (4,), None),  # four rows a process, eight in all
+            (P("x"), (8,), None),
+            (P("x"), (4, 3), None),
+            (P(None, "x"), (3, 4), None),
+            (P(None, "x"), (3, 12), None),
+            (P(), (5,), None),  # replicated: every process passes the same value
+            (P("x"), (16,), (16,)),  # every process passes the whole array
+            (P("x"), (8, 2), (16, 2)),
+            (P("x"), (8, 2), (8, 2)),
+        ]:
+            data = local_values(local_shape)
+            if spec == P() or global_shape == local_shape:
+                data = np.arange(int(np.prod(local_shape)), dtype=np.float32).reshape(local_shape)
+            compare_with_jax(NamedSharding(m, spec), data, global_shape)
+
+
+@check
+def make_array_2d_mesh():
+    mesh = mesh_2x4()
+    # Process 0 on the mesh's first column pair and process 1 on the second: both split y.
+    columns = Mesh(np.array(by_process()).reshape(4, 2).T, ("x", "y"))
+    for m in (mesh, columns):
+        for spec, local_shape, global_shape in [
+            (P("x", "y"), (4, 8), None),
+            (P("x", "y"), (2, 4), None),
+            (P("y", "x"), (8, 4), None),
+            (P("x"), (4, 8), None),
+            (P(None, "y"), (4, 8), None),
+            (P(None, "x"), (4, 4), None),
+            (P(("x", "y")), (8, 2), None),
+            (P(("y", "x")), (8, 2), None),
+            (P("x", "y"), (4, 8), (8, 8)),
+            (P("x", "y"), (8, 8), (8, 8)),  # the whole array, given by each process
+            (P("x", "y"), (8, 4), (8, 8)),
+            (P("x", "y"), (4, 4), (8, 4)),
+            (P(), (3, 5), None),
+        ]:
+            data = local_values(local_shape)
+            if spec == P() or global_shape == local_shape:
+                data = np.arange(int(np.prod(local_shape)), dtype=np.float32).reshape(local_shape)
+            compare_with_jax(NamedSharding(m, spec), data, global_shape)
+    # A GSPMD sharding, which the index maps read from its HLO text.
+    gspmd = fastpjit.parse_hlo_sharding("{devices=[2,4]<=[8]}", devices())
+    compare_with_jax(gspmd, local_values((4, 8)))
+
+
+@check
+def make_array_dtypes_and_layouts():
+    sharding = NamedSharding(mesh_2x4(), P("x", "y"))
+    for dtype in (np.float64, np.int64, np.int8, np.uint16, np.bool_, np.complex64,
+                  ml_dtypes.bfloat16):
+        compare_with_jax(sharding, local_values((4, 8), dtype))
+    base = local_values((8, 4))
+    compare_with_jax(sharding, base.T)  # not C-ordered
+    compare_with_jax(sharding, local_values((8, 16))[::2, ::2])  # strided
+    # Large enough that fastpjit stages the tiles in buffers of its own; and aligned and dense
+    # enough that jaxlib adopts them.
+    compare_with_jax(sharding, local_values((1024, 512)))
+    compare_with_jax(NamedSharding(mesh_2x4(), P("x")), local_values((512, 1024)))
+    compare_with_jax(NamedSharding(mesh_2x4(), P()), np.float32(2.5))
+    # A pytree of leaves with one sharding.
+    tree = {"a": local_values((4, 8)), "b": [local_values((4, 16), np.int32)]}
+    ours = compare_with_jax(sharding, tree)
+    assert jax.tree.structure(ours) == jax.tree.structure(tree)
+
+
+@check
+def make_array_bad_input():
+    mesh = mesh_2x4()
+    sharding = NamedSharding(mesh, P("x", "y"))
+    # A local extent that is neither the global one nor this process's share.
+    for local_shape, global_shape in [((3, 8), (8, 8)), ((4, 8), (8, 16)), ((4, 6), (8, 8)),
+                                      ((4, 8), (8, None)), ((4, 8), (8, 8, 1)),
+                                      ((4, 6), None)]:  # 6 columns over 4 devices
+        error = compare_with_jax(sharding, local_values(local_shape), global_shape)
+        assert isinstance(error, ValueError), (local_shape, global_shape, error)
+    # Devices of the two processes mixed so that they hold overlapping but unequal sets of
+    # columns: no global shape follows from the local one.
+    d = devices()
+    mixed = Mesh(np.array([d[0], d[1], d[2], d[4], d[5], d[3], d[6], d[7]]).reshape(2, 4),
+                 ("x", "y"))
+    error = compare_with_jax(NamedSharding(mixed, P("x", "y")), local_values((4, 6)))
+    assert isinstance(error, ValueError) and "non-uniform" in str(error), error
+
+
+@check
+def make_array_counts_what_jax_does():
+    sharding = NamedSharding(mesh_2x4(), P("x", "y"))
+    fastpjit.reset_stats()
+    fastpjit.make_array_from_process_local_data(sharding, local_values((4, 8)))
+    assert fastpjit.stats()["fallbacks"] == {}
+    # A process-local jax.Array as the local data is JAX's to place.
+    local = jax.device_put(local_values((4, 8)), jax.local_devices()[0])
+    compare_with_jax(sharding, local, fallbacks=1)
+    assert list(fastpjit.stats()["fallbacks"]) == [
+        "make_array_from_process_local_data: a leaf that is not a numpy array"]
+
+
+def main() -> int:
+    jax.distributed.initialize()
+    assert jax.process_count() == NUM_PROCESSES, jax.process_count()
+    assert jax.local_device_count() == LOCAL_DEVICES, jax.local_devices()
+    assert jax.device_count() == NUM_PROCESSES * LOCAL_DEVICES, jax.devices()
+    failed = 0
+    for fn in CHECKS:
+        try:
+            fn()
+            print(f"CHECK {fn.__name__} ok", flush=True)
+        except BaseException:  # a pyo3 PanicException derives from BaseException
+            failed += 1
+            print(f"CHECK {fn.__name__} FAILED", flush=True)
+            traceback.print_exc(file=sys.stdout)
+            sys.stdout.flush()
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
