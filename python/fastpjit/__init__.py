@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from fastpjit._core import __version__, reset_stats, set_host_pool_limit, stats
 from fastpjit.errors import DuplicateSpecError, IndivisibleError, ShardingRankError
+from fastpjit.hlo import compile_hlo
 from fastpjit.jit import jit, pjit
 from fastpjit.pmap import pmap
 from fastpjit.sharding import (
@@ -26,6 +27,7 @@ __all__ = [
     "ShardingRankError",
     "__version__",
     "addressable_devices_indices_map",
+    "compile_hlo",
     "device_get",
     "device_put",
     "device_replica_id_map",
