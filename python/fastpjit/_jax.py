@@ -59,16 +59,22 @@ __all__ = [
     "clear_index_map_caches",
     "collect_garbage",
     "compile_lowered",
+    "compile_hlo_program",
     "compiled_parts",
     "config_value",
     "consume_with_handlers",
     "copy_to_host_async",
     "device_put_aval",
+    "execute",
     "DuplicateSpecError",
     "flatten_for_dispatch",
     "gspmd_sharding",
     "GSPMDSharding",
+    "hlo_module_proto",
     "hlo_parts",
+    "hlo_shardings",
+    "hlo_text",
+    "HloProgram",
     "host_view",
     "in_legacy_mesh_context",
     "IndivisibleError",
@@ -81,6 +87,8 @@ __all__ = [
     "logical_device_ids",
     "pmap_cache_miss",
     "python_scalar_dtype",
+    "read_hlo_module",
+    "result_handlers",
     "shard_arg",
     "trace_context",
     "tracing",
@@ -654,7 +662,7 @@ _ENTRY_LAYOUT_ATTRS = (
     "mhlo.xla_entry_computation_result_layout",
     "mhlo.xla_entry_computation_result_tiles",
 )
-_HLO_HEADER = re.compile(r"^\s*HloModule\s+[^\n]*", re.MULTILINE)
+_HLO_HEADER = re.compile(r"\s*HloModule\s[^\n]*")
 
 
 @dataclasses.dataclass
@@ -749,9 +757,10 @@ def _program(module: Any, header: str | None, tuple_result: bool | None) -> HloP
         _keep_shardy_on(main)
     partitions = (_int_attr(attributes, "mhlo.num_partitions")
                   or _header_int(header, "num_partitions") or _named_partitions(module))
+    if "sym_name" not in attributes:  # JAX's compile names its logs and cache entries by it
+        attributes["sym_name"] = ir.StringAttr.get("main")
     return HloProgram(
-        module=module,
-        name=attributes["sym_name"].value if "sym_name" in attributes else "main",
+        module=module, name=attributes["sym_name"].value,
         in_avals=in_avals, out_avals=out_avals,
         tuple_result=len(out_avals) != 1 if tuple_result is None else tuple_result,
         num_partitions=partitions, shardy=shardy, result_sharded=_result_sharded(main))
@@ -897,12 +906,14 @@ def compile_hlo_program(program: HloProgram, devices: Sequence[Any],
     build.allow_spmd_sharding_propagation_to_parameters = [False] * len(program.in_avals)
     build.allow_spmd_sharding_propagation_to_output = [
         not sharded for sharded in program.result_sharded]
-    bytecode = _mlir.module_to_bytecode(program.module)
     with _dispatch.log_elapsed_time(
             "Finished XLA compilation of {fun_name} in {elapsed_time:.9f} sec",
             fun_name=program.name, event=_dispatch.BACKEND_COMPILE_EVENT):
         try:
-            return backend.compile_and_load(bytecode, xc.DeviceList(tuple(devices)), options)
+            # JAX's persistent compilation cache first, and its IR dumps, as for a jit.
+            return _compiler.compile_or_get_cached(
+                backend, program.module, device_array, options, [],
+                xc.DeviceList(tuple(devices)))
         except _jaxlib.JaxRuntimeError as err:
             if "INVALID_ARGUMENT" in str(err):
                 raise ValueError(f"XLA rejects the module: {err}") from None
@@ -921,20 +932,55 @@ def _mark_donated(main: Any, donated: Sequence[bool]) -> None:
 
 def hlo_shardings(executable: Any, devices: Sequence[Any], num_in: int,
                   num_out: int) -> tuple[list[Any], list[Any]]:
-    """The shardings that the compiled executable takes and gives, as GSPMDShardings over
-    `devices` read by fastpjit's HLO sharding parser (replicated where XLA reports none)."""
+    """The shardings that the compiled executable takes and gives over `devices`, read by
+    fastpjit's HLO sharding parser (replicated where XLA reports none), as NamedShardings
+    where they can be."""
     devices = tuple(devices)
     ins = _xla_shardings(executable.get_parameter_shardings(), [None] * num_in, devices)
     outs = _xla_shardings(executable.get_output_shardings(),
                           _output_memory_kinds(executable, num_out), devices)
     replicated = GSPMDSharding.get_replicated(devices)
-    return (ins or [replicated] * num_in, outs or [replicated] * num_out)
+    return ([_as_named(s, devices) for s in ins or [replicated] * num_in],
+            [_as_named(s, devices) for s in outs or [replicated] * num_out])
 
 
-def result_handlers(avals: Sequence[Any], shardings: Sequence[Any]) -> list[Any]:
-    """jaxlib's handlers that wrap an executable's output buffers as committed jax.Arrays."""
-    return [xc.array_result_handler(aval, sharding, committed=True, _skip_checks=True)
-            for aval, sharding in zip(avals, shardings, strict=True)]
+def _as_named(sharding: GSPMDSharding, devices: tuple[Any, ...]) -> Any:
+    """The NamedSharding that places shards as a replicated or tiled HLO sharding does: a mesh
+    shaped like its tiles over `devices` in order, and the tile order as logical device ids
+    (as JAX itself lowers a permuted device order). jax.jit refuses GSPMDShardings under
+    Shardy, so arrays on these can go on into JAX. Other shardings stay as they are."""
+    hlo = sharding._hlo_sharding
+    count = len(devices)
+    if hlo.is_replicated():
+        dims, partitioned, ids = [count], 0, None
+    else:
+        groups = hlo.subgroup_types()
+        replicated_groups = hlo.replicate_on_last_tile_dim() or (
+            groups == [xc.OpSharding.Type.REPLICATED])
+        if not hlo.is_tiled() or (groups and not replicated_groups):
+            return sharding
+        dims = hlo.tile_assignment_dimensions()
+        partitioned = len(dims) - (1 if replicated_groups else 0)
+        ids = tuple(hlo.tile_assignment_devices())
+        if math.prod(dims) != count:
+            return sharding
+    names = [f"d{i}" for i in range(partitioned)] + ["replicas"] * (len(dims) - partitioned)
+    mesh = _mesh.Mesh(np.array(devices, dtype=object).reshape(dims), tuple(names),
+                      axis_types=(_mesh.AxisType.Auto,) * len(dims))
+    spec = jax.sharding.PartitionSpec(*(n if d > 1 else None
+                                        for n, d in zip(names[:partitioned], dims, strict=False)))
+    return _named_sharding.NamedSharding(
+        mesh, spec, memory_kind=sharding.memory_kind,
+        _logical_device_ids=None if ids is None or ids == tuple(range(count)) else ids)
+
+
+def result_handlers(avals: Sequence[Any], shardings: Sequence[Any]) -> tuple[list[Any],
+                                                                              list[Any]]:
+    """The avals of the arrays on `shardings` (as device_put gives them), and jaxlib's
+    handlers that wrap an executable's output buffers as such committed jax.Arrays."""
+    avals = [_dispatch.update_dp_aval(a, s) for a, s in zip(avals, shardings, strict=True)]
+    return avals, [xc.array_result_handler(a, s, committed=True, _skip_checks=True)
+                   for a, s in zip(avals, shardings, strict=True)]
 
 
 def execute(executable: Any, inputs: Sequence[Any], handlers: Sequence[Any]) -> list[Any]:

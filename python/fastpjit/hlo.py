@@ -132,13 +132,13 @@ class _Program:
                  donated: list[bool]):
         self.name = parsed.name
         self.devices = devices
-        self.in_avals, self.out_avals = parsed.in_avals, parsed.out_avals
+        self.in_avals, out_avals = parsed.in_avals, parsed.out_avals
         self.executable = _jax.compile_hlo_program(parsed, devices, donated)
         ins, outs = _jax.hlo_shardings(self.executable, devices, len(self.in_avals),
-                                       len(self.out_avals))
+                                       len(out_avals))
         self.in_shardings, self.out_shardings = tuple(ins), tuple(outs)
-        self.handlers = _jax.result_handlers(self.out_avals, self.out_shardings)
-        count = len(self.out_avals)
+        self.out_avals, self.handlers = _jax.result_handlers(out_avals, self.out_shardings)
+        count = len(out_avals)
         self.out_treedef = jax.tree.structure(
             tuple(range(count)) if parsed.tuple_result else 0)
 
