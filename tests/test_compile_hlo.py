@@ -354,6 +354,27 @@ def test_donated_parameters_are_consumed():
         f(a, b)
 
 
+def test_a_donated_buffer_that_is_also_another_argument_is_refused():
+    # jaxlib crashes on it with multi-device arrays (jax.jit as well); on a miss and on a hit.
+    f = fastpjit.compile_hlo(ADD_HLO, donate_argnums=(0,))
+    sharding = f.input_shardings[0]
+    fresh = [jax.device_put(v, sharding) for v in _values([(8, 4), (8, 4)])]
+    c = jax.device_put(np.ones((8, 4), np.float32), sharding)
+    with pytest.raises(ValueError, match="parameter 0 is donated, and its buffer is also "
+                                         "parameter 1"):
+        f(c, c)  # a miss
+    f(*fresh)  # caches the entry for arrays on this sharding
+    with pytest.raises(ValueError, match="parameter 0 is donated"):
+        f(c, c)  # a hit
+    alias = jax.device_put(c, NamedSharding(Mesh(np.array(DEVICES[:2]), ("x",)), P("x")))
+    assert alias is not c
+    with pytest.raises(ValueError, match="parameter 0 is donated"):
+        f(c, alias)  # another array object over the same buffers
+    assert not c.is_deleted()
+    (out,) = f(c, np.ones((8, 4), np.float32))
+    np.testing.assert_array_equal(np.asarray(out), np.full((8, 4), 2.0))
+
+
 # --- Modules lowered by JAX ------------------------------------------------------------------
 
 MESH = Mesh(np.array(DEVICES).reshape(2, 4), ("x", "y"), axis_types=(AxisType.Auto,) * 2)

@@ -55,6 +55,7 @@ __all__ = [
     "batched_device_put",
     "HOST_BUFFER_COPY",
     "HOST_BUFFER_ZERO_COPY",
+    "buffer_id",
     "canonical_dtype",
     "clear_index_map_caches",
     "collect_garbage",
@@ -986,6 +987,11 @@ def result_handlers(avals: Sequence[Any], shardings: Sequence[Any]) -> tuple[lis
 def execute(executable: Any, inputs: Sequence[Any], handlers: Sequence[Any]) -> list[Any]:
     """Runs `executable` on jax.Arrays already on its input shardings: its outputs."""
     return executable.execute_sharded(list(inputs)).consume_with_handlers(list(handlers))
+
+
+def buffer_id(array: Any) -> int:
+    """Where the first shard of a jax.Array lives: arrays that share it alias each other."""
+    return array_single_device_arrays(array)[0].unsafe_buffer_pointer()
 
 
 def hlo_text(executable: Any) -> str:

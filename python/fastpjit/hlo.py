@@ -134,6 +134,10 @@ class _Program:
         self.devices = devices
         self.in_avals, out_avals = parsed.in_avals, parsed.out_avals
         self.executable = _jax.compile_hlo_program(parsed, devices, donated)
+        # What runs the executable, for the dispatcher's entry and for misses alike.
+        self.runner: Any = self.executable
+        if any(donated):
+            self.runner = _DonationGuard(self.executable, donated, self.name)
         ins, outs = _jax.hlo_shardings(self.executable, devices, len(self.in_avals),
                                        len(out_avals))
         self.in_shardings, self.out_shardings = tuple(ins), tuple(outs)
@@ -146,7 +150,7 @@ class _Program:
         """Checks and runs a call the dispatcher has no entry for, and gives it the entry."""
         inputs, shardings = self._inputs(args, kwargs)
         outputs = self.out_treedef.unflatten(
-            _jax.execute(self.executable, inputs, self.handlers))
+            _jax.execute(self.runner, inputs, self.handlers))
         return outputs, self._dispatch_entry(shardings), 0, None
 
     def run(self, *args: Any, **kwargs: Any) -> Any:
@@ -157,8 +161,7 @@ class _Program:
         """What the Rust dispatcher keeps to run calls like this one: every argument is an
         input of the executable, in order, on `in_shardings`; no constants."""
         count = len(in_shardings)
-        return (self.executable, self.out_treedef, in_shardings, self.handlers,
-                [True] * count, [])
+        return (self.runner, self.out_treedef, in_shardings, self.handlers, [True] * count, [])
 
     def _inputs(self, args: tuple[Any, ...],
                 kwargs: dict[str, Any]) -> tuple[list[Any], list[Any]]:
@@ -199,13 +202,35 @@ class _Program:
         return f"{self.name}: parameter {i}"
 
 
-def _shape_and_dtype(arg: Any, where: str) -> tuple[tuple[int, ...], np.dtype]:
+class _DonationGuard:
+    """Runs an executable that takes donations, after checking that no donated buffer is also
+    another input of the call: jaxlib crashes on that with multi-device arrays (JAX's own jit
+    too). It stands for the executable in the dispatcher's entry, so cache hits check as well;
+    functions without donations skip it."""
+
+    def __init__(self, executable: Any, donated: list[bool], name: str):
+        self._execute = executable.execute_sharded
+        self._donated = [i for i, d in enumerate(donated) if d]
+        self._name = name
+
+    def execute_sharded(self, inputs: list[Any]) -> Any:
+        buffers = [_jax.buffer_id(x) for x in inputs]
+        for i in self._donated:
+            for j, other in enumerate(buffers):
+                if j != i and other == buffers[i]:
+                    raise ValueError(
+                        f"{self._name}: parameter {i} is donated, and its buffer is also "
+                        f"parameter {j}: pass a copy to one of them")
+        return self._execute(inputs)
+
+
+def _shape_and_dtype(arg: Any, where: str) -> tuple[tuple[int, ...], Any]:
     """What an argument holds, as the executable would take it; TypeError if it holds none."""
     if isinstance(arg, jax.core.Tracer):
         raise TypeError(f"{where} got a tracer: a compile_hlo function runs concrete arrays, "
                         "and cannot be called under jax.jit, grad or vmap")
     if isinstance(arg, jax.Array):
-        return tuple(arg.shape), np.dtype(arg.dtype)
+        return tuple(arg.shape), arg.dtype
     if isinstance(arg, np.ndarray | np.generic):
         return tuple(arg.shape), _canonical(arg.dtype, where)
     for kind in _PYTHON_SCALARS:
