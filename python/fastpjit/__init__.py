@@ -1,7 +1,8 @@
 """fastpjit: JAX's pmap and jit with a Rust runtime core.
 
-So far: sharding index maps computed in Rust, equal to JAX's, and device_put/device_get with
-the shard and unshard work done in Rust.
+jit, pjit and pmap with their cached calls dispatched in Rust; compile_hlo, which runs sharded
+HLO written by other frontends through the same dispatcher; sharding index maps computed in
+Rust, equal to JAX's; and device_put/device_get with the shard and unshard work done in Rust.
 """
 
 from __future__ import annotations
