@@ -457,6 +457,11 @@ def test_modules_lowered_by_jax(shardy, program, form):
             # The permuted device order and the partial replication, as XLA prints them.
             assert "{devices=[2,4]0,2,4,6,1,3,5,7}" in module
             assert "last_tile_dim_replicate" in module
+        if program == "manual" and form == "hlo text":
+            # The manual region and its collective, in GSPMD's or in Shardy's words.
+            assert "all-reduce(" in module
+            assert (("SPMDFullToShardShape" in module and "sharding={manual}" in module)
+                    if not shardy else "xla.sdy.GlobalToLocalShape" in module)
         f = fastpjit.compile_hlo(module)
         assert f.num_devices == 8
         _check_against_jax(f, jitted, args)

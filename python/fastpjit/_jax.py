@@ -891,7 +891,7 @@ def compile_hlo_program(program: HloProgram, devices: Sequence[Any],
                         donated: Sequence[bool]) -> Any:
     """Compiles `program` with one replica and a partition per device of `devices` (device id
     i in its shardings is devices[i]): the parameters keep the shardings written in the module
-    (none is replicated), XLA chooses those of the results that the module leaves open."""
+    and XLA propagates none into them; it chooses those of the results left open."""
     main = _entry_function(program.module)
     if any(donated):
         with program.module.context:
