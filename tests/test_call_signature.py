@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.errors import JaxRuntimeError
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from test_jit import Counts, assert_same_outputs, both, fresh
@@ -340,3 +341,39 @@ def test_keyword_arguments_in_any_order_and_names_built_at_run_time():
     for kwargs in (*calls, *calls):
         assert_same_outputs(ours(x, **kwargs), theirs(x, **kwargs))
     assert ours.cache_size() == 1
+
+
+@pytest.mark.timeout(120)
+def test_a_donated_argument_that_is_also_another_argument_raises_instead_of_crashing():
+    # jaxlib refuses it on one device (JAX's JaxRuntimeError) and crashes on several, where
+    # JAX's own jit crashes too; so the eight-device cases run in a child process.
+    ours, theirs = both(lambda a, b: a + b, donate_argnums=0)
+    c = jnp.ones(4)
+    ours(jnp.ones(4), jnp.ones(4))  # cached
+    with pytest.raises(JaxRuntimeError):
+        theirs(c, c)
+    with pytest.raises(JaxRuntimeError, match="is donated, and its buffer is also argument 1"):
+        ours(c, c)
+    script = textwrap.dedent("""
+        import numpy as np, jax, fastpjit
+        from jax.sharding import NamedSharding, PartitionSpec as P
+        mesh = jax.make_mesh((8,), ("x",))
+        s = NamedSharding(mesh, P("x"))
+        f = fastpjit.jit(lambda a, b: a + b, donate_argnums=0)
+        f(jax.device_put(np.ones((8, 4), np.float32), s),
+          jax.device_put(np.ones((8, 4), np.float32), s))
+        c = jax.device_put(np.ones((8, 4), np.float32), s)
+        alias = jax.make_array_from_single_device_arrays(
+            c.shape, c.sharding, [shard.data for shard in c.addressable_shards])
+        assert alias is not c
+        for other in (c, alias):
+            try:
+                f(c, other)
+            except jax.errors.JaxRuntimeError as e:
+                print("raised", "is donated" in str(e))
+        print(np.asarray(f(c, jax.device_put(np.ones((8, 4), np.float32), s)))[0, 0])
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=110)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["raised", "True", "raised", "True", "2.0"]

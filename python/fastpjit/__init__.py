@@ -1,8 +1,10 @@
 """fastpjit: JAX's pmap and jit with a Rust runtime core.
 
-jit/pjit and pmap dispatched in Rust; sharding index maps computed in Rust, equal to JAX's;
-device_put, device_get and make_array_from_process_local_data with the shard and unshard work
-done in Rust. `python -m fastpjit.launch` runs a multi-process program on one machine.
+jit, pjit and pmap with their cached calls dispatched in Rust; compile_hlo, which runs sharded
+HLO written by other frontends through the same dispatcher; sharding index maps computed in
+Rust, equal to JAX's; device_put, device_get and make_array_from_process_local_data with the
+shard and unshard work done in Rust. `python -m fastpjit.launch` runs a multi-process program
+on one machine.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 from fastpjit import _launched
 from fastpjit._core import __version__, reset_stats, set_host_pool_limit, stats
 from fastpjit.errors import DuplicateSpecError, IndivisibleError, ShardingRankError
+from fastpjit.hlo import compile_hlo
 from fastpjit.jit import jit, pjit
 from fastpjit.pmap import pmap
 from fastpjit.sharding import (
@@ -33,6 +36,7 @@ __all__ = [
     "ShardingRankError",
     "__version__",
     "addressable_devices_indices_map",
+    "compile_hlo",
     "device_get",
     "device_put",
     "device_replica_id_map",

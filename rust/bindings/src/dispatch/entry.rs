@@ -12,7 +12,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyComplex, PyFloat, PyInt, PyList, PyTuple};
 
 use super::handles::Handles;
-use super::leaf::{LiveLeaf, ScalarKind};
+use super::leaf::{aval_value, LiveLeaf, ScalarKind};
 use super::miss::FastPath;
 use super::signature::{CallSignature, LeafKey};
 use crate::stats::count_fallback;
@@ -59,6 +59,9 @@ pub struct Entry {
     /// Whether the call's leaves are the executable's inputs as they are: every one an array
     /// on its input sharding, no constants, none dropped.
     passthrough: bool,
+    /// The arguments whose buffers the executable consumes, and whether it spans devices.
+    donated: Vec<usize>,
+    multi_device: bool,
 }
 
 impl Entry {
@@ -86,7 +89,12 @@ impl Entry {
             .collect();
         let mut position = fast.kept[..num_consts].iter().filter(|&&k| k).count();
         let mut inputs = Vec::with_capacity(num_args);
+        let mut donated = Vec::new();
         for (j, key) in signature.leaves.iter().enumerate() {
+            if fast.donated[j] && fast.kept[num_consts + j] && matches!(key, LeafKey::Array { .. })
+            {
+                donated.push(j);
+            }
             if !fast.kept[num_consts + j] {
                 inputs.push(Input::Dropped);
                 continue;
@@ -113,6 +121,14 @@ impl Entry {
                 }),
             });
         }
+        let mut multi_device = false;
+        for sharding in &fast.in_shardings {
+            let devices: usize = sharding
+                .bind(py)
+                .getattr(intern!(py, "num_devices"))?
+                .extract()?;
+            multi_device |= devices > 1;
+        }
         let out_treedef = fast.out_treedef.bind(py);
         let leaf_count: usize = out_treedef.getattr(intern!(py, "num_leaves"))?.extract()?;
         let node_count: usize = out_treedef.getattr(intern!(py, "num_nodes"))?.extract()?;
@@ -134,6 +150,8 @@ impl Entry {
             passthrough: num_consts == 0 && inputs.iter().all(|i| matches!(i, Input::Pass)),
             const_inputs,
             inputs,
+            donated,
+            multi_device,
         })
     }
 
@@ -147,6 +165,9 @@ impl Entry {
         keys: &[LiveLeaf<'py>],
         moved: &str,
     ) -> PyResult<Bound<'py, PyAny>> {
+        if !self.donated.is_empty() {
+            self.check_donations(h, leaves, keys)?;
+        }
         let inputs = if self.passthrough {
             for (j, leaf) in leaves.iter().enumerate() {
                 check_live(h, leaf, j)?;
@@ -188,6 +209,44 @@ impl Entry {
         }
     }
 
+    /// Raises JAX's error where a donated argument's buffer is also another argument of the
+    /// call: jaxlib refuses it on one device and crashes on several. Arrays of one shape and
+    /// dtype on several devices may share buffers under different objects (a `device_put` to
+    /// an equivalent sharding does that), so those have their buffers compared.
+    fn check_donations(
+        &self,
+        h: &Handles,
+        leaves: &[Bound<'_, PyAny>],
+        keys: &[LiveLeaf<'_>],
+    ) -> PyResult<()> {
+        for &d in &self.donated {
+            let donated = &leaves[d];
+            for (k, leaf) in leaves.iter().enumerate() {
+                if k == d {
+                    continue;
+                }
+                // A deleted array has no buffer; the check of each input names it.
+                let alias = leaf.is(donated)
+                    || (self.multi_device
+                        && same_aval(&keys[d], &keys[k])?
+                        && !is_deleted(h, leaf)?
+                        && !is_deleted(h, donated)?
+                        && buffer(h, leaf)?.eq(buffer(h, donated)?)?);
+                if alias {
+                    return Err(PyErr::from_type(
+                        h.runtime_error.bind(leaf.py()).clone(),
+                        format!(
+                            "INVALID_ARGUMENT: argument {d} (flattened) is donated, and its \
+                             buffer is also argument {k} of the same call: pass a copy to one \
+                             of them"
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The constants held, for the garbage collector.
     pub fn constants(&self) -> &[Py<PyAny>] {
         &self.const_inputs
@@ -197,7 +256,7 @@ impl Entry {
 /// Raises JAX's error for an array that was deleted or donated: jaxlib crashes on one.
 fn check_live(h: &Handles, array: &Bound<'_, PyAny>, position: usize) -> PyResult<()> {
     let py = array.py();
-    if !h.array_is_deleted.bind(py).call1((array,))?.is_truthy()? {
+    if !is_deleted(h, array)? {
         return Ok(());
     }
     if !h.array_was_donated.bind(py).call1((array,))?.is_truthy()? {
@@ -237,7 +296,7 @@ impl ScalarInput {
         if let Some(array) = kept {
             let array = array.into_bound(py);
             // `jax.live_arrays()` can reach it and delete it.
-            if !h.array_is_deleted.bind(py).call1((&array,))?.is_truthy()? {
+            if !is_deleted(h, &array)? {
                 return Ok(array);
             }
         }
@@ -296,4 +355,29 @@ fn scalar_bits(leaf: &Bound<'_, PyAny>, key: &LiveLeaf<'_>) -> Option<ScalarBits
         }
         _ => None,
     }
+}
+
+fn is_deleted(h: &Handles, array: &Bound<'_, PyAny>) -> PyResult<bool> {
+    h.array_is_deleted
+        .bind(array.py())
+        .call1((array,))?
+        .is_truthy()
+}
+
+fn buffer<'py>(h: &Handles, array: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    h.buffer_id.bind(array.py()).call1((array,))
+}
+
+/// Whether two leaves are arrays of one shape, dtype and weak type.
+fn same_aval(a: &LiveLeaf<'_>, b: &LiveLeaf<'_>) -> PyResult<bool> {
+    let (LiveLeaf::Array { aval: a, .. }, LiveLeaf::Array { aval: b, .. }) = (a, b) else {
+        return Ok(false);
+    };
+    if a.is(b) {
+        return Ok(true);
+    }
+    Ok(match (aval_value(a)?, aval_value(b)?) {
+        (Some(a), Some(b)) => a == b,
+        _ => false,
+    })
 }

@@ -35,6 +35,10 @@ pub struct Handles {
     /// Whether a deleted array was donated (its buffer given to a computation) rather than
     /// deleted by `delete()`: JAX raises another error for each.
     pub array_was_donated: Py<PyAny>,
+    /// Where an array's first shard lives: arrays that share it alias each other.
+    pub buffer_id: Py<PyAny>,
+    /// JAX's error type for what jaxlib refuses to run.
+    pub runtime_error: Py<PyType>,
     pub array_impl: Py<PyType>,
     pub ndarray: Py<PyType>,
     pub numpy_scalar: Py<PyType>,
@@ -72,6 +76,8 @@ pub fn handles(py: Python<'_>) -> PyResult<&Handles> {
             array_committed: get(jax, "array_committed")?,
             array_is_deleted: get(jax, "array_is_deleted")?,
             array_was_donated: get(jax, "array_was_donated")?,
+            buffer_id: get(jax, "buffer_id")?,
+            runtime_error: get_type(jax, "JaxRuntimeError")?,
             array_impl: get_type(jax, "ArrayImpl")?,
             ndarray: get_type(&numpy, "ndarray")?,
             numpy_scalar: get_type(&numpy, "generic")?,

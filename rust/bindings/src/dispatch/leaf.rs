@@ -185,15 +185,24 @@ impl AvalValue {
 
 type Memo<V> = FxHashMap<usize, (Py<PyAny>, V)>;
 
-/// Avals and shardings by identity, each with what hashing it needs; bounded, and holding
-/// every object it has, so that an identity stays valid while it is a key here.
+/// A sharding's value, as an id that every equal sharding shares.
+pub type ShardingId = u64;
+
+/// Avals and shardings by identity, each with what comparing and hashing it needs; bounded,
+/// and holding every object it has, so that an identity stays valid while it is a key here.
+/// Shardings also have a representative per value: a sharding object seen for the first time
+/// is compared by `==` with the representatives of its hash, and takes the id of the one it
+/// equals, so that later comparisons of shardings are comparisons of ids.
 struct LeafMemo {
     avals: Memo<Arc<AvalValue>>,
-    shardings: Memo<isize>,
+    shardings: Memo<ShardingId>,
+    representatives: FxHashMap<isize, Vec<(Py<PyAny>, ShardingId)>>,
+    next_id: ShardingId,
 }
 
 const MEMO_AVALS: usize = 8192;
 const MEMO_SHARDINGS: usize = 2048;
+const MEMO_SHARDING_VALUES: usize = 1024;
 
 static MEMO: Mutex<Option<LeafMemo>> = Mutex::new(None);
 
@@ -202,14 +211,16 @@ fn with_memo<R>(f: impl FnOnce(&mut LeafMemo) -> R) -> R {
     let memo = guard.get_or_insert_with(|| LeafMemo {
         avals: Memo::with_capacity_and_hasher(64, FxBuildHasher),
         shardings: Memo::with_capacity_and_hasher(16, FxBuildHasher),
+        representatives: FxHashMap::default(),
+        next_id: 0,
     });
     f(memo)
 }
 
-/// The value hashes of each array leaf's aval and sharding, `(0, 0)` at other leaves; None if
-/// an aval is not one the key holds. Objects new to the memo are read outside its lock: reading
-/// them runs Python.
-pub fn array_hashes(leaves: &[LiveLeaf<'_>]) -> PyResult<Option<Vec<(u64, isize)>>> {
+/// The value hash of each array leaf's aval and its sharding's id, `(0, 0)` at other leaves;
+/// None if an aval is not one the key holds. Objects new to the memo are read outside its
+/// lock: reading them runs Python.
+pub fn array_hashes(leaves: &[LiveLeaf<'_>]) -> PyResult<Option<Vec<(u64, ShardingId)>>> {
     let mut hashes = Vec::with_capacity(leaves.len());
     let mut unknown = Vec::new();
     with_memo(|memo| {
@@ -228,59 +239,96 @@ pub fn array_hashes(leaves: &[LiveLeaf<'_>]) -> PyResult<Option<Vec<(u64, isize)
             }
         }
     });
-    if unknown.is_empty() {
-        return Ok(Some(hashes));
-    }
-    let mut new_avals = Vec::with_capacity(unknown.len());
-    let mut new_shardings = Vec::with_capacity(unknown.len());
     for i in unknown {
         let LiveLeaf::Array { aval, sharding, .. } = &leaves[i] else {
             continue;
         };
-        let Some(value) = AvalValue::of(aval)? else {
+        let Some(value) = aval_value(aval)? else {
             return Ok(None);
         };
-        let sharding_hash = sharding.hash()?;
-        hashes[i] = (value.hash, sharding_hash);
-        new_avals.push((aval.clone().unbind(), Arc::new(value)));
-        new_shardings.push((sharding.clone().unbind(), sharding_hash));
+        hashes[i] = (value.hash, sharding_id(sharding)?);
     }
-    let evicted = with_memo(|memo| {
-        let mut evicted = Vec::new();
-        remember(&mut memo.avals, new_avals, MEMO_AVALS, &mut evicted);
-        remember(
-            &mut memo.shardings,
-            new_shardings,
-            MEMO_SHARDINGS,
-            &mut evicted,
-        );
-        evicted
-    });
-    // Released outside the lock: freeing an object can run Python.
-    drop(evicted);
     Ok(Some(hashes))
 }
 
-/// The value of `aval`, from the memo where it is there.
+/// The value of `aval`, remembered.
 pub fn aval_value(aval: &Bound<'_, PyAny>) -> PyResult<Option<Arc<AvalValue>>> {
     if let Some(value) = with_memo(|memo| memo.avals.get(&id(aval)).map(|(_, v)| v.clone())) {
         return Ok(Some(value));
     }
-    Ok(AvalValue::of(aval)?.map(Arc::new))
+    let Some(value) = AvalValue::of(aval)? else {
+        return Ok(None);
+    };
+    let value = Arc::new(value);
+    let evicted = with_memo(|memo| remember(&mut memo.avals, aval, value.clone(), MEMO_AVALS));
+    // Released outside the lock: freeing an object can run Python.
+    drop(evicted);
+    Ok(Some(value))
 }
 
+/// The id of `sharding`'s value, remembered.
+pub fn sharding_id(sharding: &Bound<'_, PyAny>) -> PyResult<ShardingId> {
+    if let Some(id) = with_memo(|memo| memo.shardings.get(&id(sharding)).map(|(_, i)| *i)) {
+        return Ok(id);
+    }
+    let py = sharding.py();
+    let hash = sharding.hash()?;
+    let representatives: Vec<(Py<PyAny>, ShardingId)> = with_memo(|memo| {
+        memo.representatives
+            .get(&hash)
+            .map_or_else(Vec::new, |found| {
+                found.iter().map(|(r, i)| (r.clone_ref(py), *i)).collect()
+            })
+    });
+    let mut found = None;
+    for (representative, id) in &representatives {
+        if representative.bind(py).eq(sharding)? {
+            found = Some(*id);
+            break;
+        }
+    }
+    let evicted = with_memo(|memo| {
+        let mut evicted = Vec::new();
+        let id = found.unwrap_or_else(|| {
+            if memo.representatives.values().map(Vec::len).sum::<usize>() >= MEMO_SHARDING_VALUES {
+                // Every id is new after this; signatures kept with old ones miss, no more.
+                evicted.extend(
+                    memo.representatives
+                        .drain()
+                        .flat_map(|(_, v)| v)
+                        .map(|(r, _)| r),
+                );
+            }
+            memo.next_id += 1;
+            let id = memo.next_id;
+            memo.representatives
+                .entry(hash)
+                .or_default()
+                .push((sharding.clone().unbind(), id));
+            id
+        });
+        evicted.extend(remember(&mut memo.shardings, sharding, id, MEMO_SHARDINGS));
+        (id, evicted)
+    });
+    let (id, evicted) = evicted;
+    drop(evicted);
+    Ok(id)
+}
+
+/// Remembers `value` for `obj`; when full, forgets everything first, and returns what it held.
 fn remember<V>(
     memo: &mut Memo<V>,
-    new: Vec<(Py<PyAny>, V)>,
+    obj: &Bound<'_, PyAny>,
+    value: V,
     capacity: usize,
-    evicted: &mut Vec<Py<PyAny>>,
-) {
-    for (obj, value) in new {
-        if memo.len() >= capacity {
-            evicted.extend(memo.drain().map(|(_, (obj, _))| obj));
-        }
-        memo.insert(obj.as_ptr() as usize, (obj, value));
-    }
+) -> Vec<Py<PyAny>> {
+    let evicted = if memo.len() >= capacity {
+        memo.drain().map(|(_, (obj, _))| obj).collect()
+    } else {
+        Vec::new()
+    };
+    memo.insert(id(obj), (obj.clone().unbind(), value));
+    evicted
 }
 
 /// Forgets every aval and sharding remembered (`jax.clear_caches()`).
@@ -288,6 +336,12 @@ pub fn clear_memo() {
     let evicted = with_memo(|memo| {
         let mut evicted: Vec<Py<PyAny>> = memo.avals.drain().map(|(_, (o, _))| o).collect();
         evicted.extend(memo.shardings.drain().map(|(_, (o, _))| o));
+        evicted.extend(
+            memo.representatives
+                .drain()
+                .flat_map(|(_, v)| v)
+                .map(|(r, _)| r),
+        );
         evicted
     });
     drop(evicted);

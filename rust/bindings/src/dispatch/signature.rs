@@ -18,7 +18,8 @@ use rustc_hash::FxHasher;
 
 use super::context::{Context, LiveContext};
 use super::leaf::{
-    array_hashes, aval_value, host_shape, AvalValue, DtypeKey, HostKind, LiveLeaf, ScalarKind,
+    array_hashes, aval_value, host_shape, sharding_id, AvalValue, DtypeKey, HostKind, LiveLeaf,
+    ScalarKind, ShardingId,
 };
 use super::tree::Tree;
 
@@ -126,12 +127,10 @@ impl<'py> LiveCall<'py> {
         let Some(arrays) = array_hashes(&self.keys)? else {
             return Ok(Err(Unkeyable::Leaf));
         };
-        for ((leaf, key), (aval_hash, sharding_hash)) in
-            self.leaves.iter().zip(&self.keys).zip(arrays)
-        {
+        for ((leaf, key), (aval_hash, sharding)) in self.leaves.iter().zip(&self.keys).zip(arrays) {
             match key {
                 LiveLeaf::Array { committed, .. } => {
-                    (0u8, aval_hash, sharding_hash, committed).hash(&mut hasher);
+                    (0u8, aval_hash, sharding, committed).hash(&mut hasher);
                 }
                 LiveLeaf::Host { dtype, kind, .. } => {
                     (1u8, dtype, kind, host_shape(leaf)).hash(&mut hasher);
@@ -182,6 +181,7 @@ pub enum LeafKey {
         aval: Py<PyAny>,
         value: Arc<AvalValue>,
         sharding: Py<PyAny>,
+        sharding_id: ShardingId,
         committed: bool,
     },
     Host {
@@ -223,6 +223,7 @@ impl CallSignature {
                         aval: aval.clone().unbind(),
                         value,
                         sharding: sharding.clone().unbind(),
+                        sharding_id: sharding_id(sharding)?,
                         committed: *committed,
                     }
                 }
@@ -296,6 +297,7 @@ fn same_leaf(kept: &LeafKey, key: &LiveLeaf<'_>, leaf: &Bound<'_, PyAny>) -> PyR
                 aval,
                 value,
                 sharding,
+                sharding_id: id,
                 committed,
             },
             LiveLeaf::Array {
@@ -307,7 +309,7 @@ fn same_leaf(kept: &LeafKey, key: &LiveLeaf<'_>, leaf: &Bound<'_, PyAny>) -> PyR
             committed == live_committed
                 && (aval.is(live_aval)
                     || aval_value(live_aval)?.is_some_and(|live| live.as_ref() == value.as_ref()))
-                && (sharding.is(live_sharding) || sharding.bind(leaf.py()).eq(live_sharding)?)
+                && (sharding.is(live_sharding) || sharding_id(live_sharding)? == *id)
         }
         (
             LeafKey::Host { dtype, kind, shape },

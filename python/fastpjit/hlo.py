@@ -1,0 +1,240 @@
+"""fastpjit.compile_hlo: a sharded HLO or StableHLO module, from any frontend, as a function on
+global jax.Arrays, its calls dispatched by the same Rust fast path as fastpjit.jit's.
+
+The module is compiled once, with a partition per device. A call that misses the dispatcher's
+cache (a new kind of argument) is checked here, argument by argument, before anything reaches
+jaxlib: jaxlib does not check the buffers it is given against the executable.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from fastpjit import _core, _jax
+
+__all__ = ["HloFunction", "compile_hlo"]
+
+_KIND = "compile_hlo"
+# Keys differ only by the kinds and shardings of the arguments, so few are ever live.
+_CACHE_CAPACITY = 256
+_PYTHON_SCALARS = (bool, int, float, complex)  # bool first: it is an int too
+
+
+class HloFunction(_core.JitFunction):
+    """A compiled HLO module: call it with one array per entry parameter."""
+
+    _program: _Program
+
+    @property
+    def input_shardings(self) -> tuple[Any, ...]:
+        """The sharding of each parameter, as the module writes it (replicated where not)."""
+        return self._program.in_shardings
+
+    @property
+    def output_shardings(self) -> tuple[Any, ...]:
+        """The sharding of each result, as the module writes it or XLA chose it."""
+        return self._program.out_shardings
+
+    @property
+    def in_avals(self) -> tuple[Any, ...]:
+        return self._program.in_avals
+
+    @property
+    def out_avals(self) -> tuple[Any, ...]:
+        return self._program.out_avals
+
+    @property
+    def num_devices(self) -> int:
+        return len(self._program.devices)
+
+    def as_text(self) -> str:
+        """The partitioned, optimized HLO that runs."""
+        return _jax.hlo_text(self._program.executable)
+
+    def cost_analysis(self) -> Any:
+        """XLA's cost estimates (flops, bytes accessed, ...) of the compiled module."""
+        return self._program.executable.cost_analysis()
+
+    def __repr__(self) -> str:
+        return f"<fastpjit.compile_hlo of {self._program.name} on {self.num_devices} devices>"
+
+
+def compile_hlo(module: str | bytes, devices: Sequence[Any] | None = None, *,
+                donate_argnums: int | Sequence[int] = ()) -> HloFunction:
+    """Compiles a sharded module into a function that takes and returns global jax.Arrays.
+
+    `module` is HLO text as XLA and PyTorch/XLA print it, StableHLO text, or bytes (a
+    serialized HloModuleProto, MLIR bytecode or a StableHLO portable artifact). Device id `i`
+    in its shardings is `devices[i]`; the default is the first N devices, N being the
+    partitions that the module names. The function takes one argument per entry parameter:
+    jax.Arrays on the parameter's sharding pass through, others are placed on it. It returns a
+    tuple of jax.Arrays when the entry returns a tuple, else one jax.Array. Parameters in
+    `donate_argnums` give their buffers to the results.
+    """
+    if not isinstance(module, str | bytes | bytearray | memoryview):
+        raise TypeError(f"compile_hlo takes the module as text or bytes, got "
+                        f"{type(module).__name__}")
+    parsed = _jax.read_hlo_module(module if isinstance(module, str) else bytes(module))
+    devices = _devices(devices, parsed.num_partitions)
+    donated = _donated(donate_argnums, len(parsed.in_avals))
+    program = _Program(parsed, devices, donated)
+    function = HloFunction(program.run, program.miss, [], [], kind=_KIND,
+                           capacity=_CACHE_CAPACITY)
+    function._program = program
+    return function
+
+
+def _devices(devices: Sequence[Any] | None, partitions: int | None) -> tuple[Any, ...]:
+    if devices is None:
+        available = jax.devices()
+        count = partitions or 1
+        if count > len(available):
+            raise ValueError(f"the module has {count} partitions, but there are only "
+                             f"{len(available)} devices")
+        return tuple(available[:count])
+    devices = tuple(devices)
+    if not devices:
+        raise ValueError("compile_hlo got an empty device list")
+    for d in devices:
+        if not isinstance(d, jax.Device):
+            raise TypeError(f"devices must be jax Devices, got {type(d).__name__}")
+    if len(set(devices)) != len(devices):
+        raise ValueError(f"devices lists a device twice: {devices}")
+    if len({d.client for d in devices}) != 1:
+        raise ValueError("devices must all belong to one backend")
+    if partitions is not None and partitions != len(devices):
+        raise ValueError(f"the module has {partitions} partitions, but {len(devices)} devices "
+                         "were given (one per partition)")
+    return devices
+
+
+def _donated(donate_argnums: int | Sequence[int], count: int) -> list[bool]:
+    argnums = (donate_argnums,) if isinstance(donate_argnums, int) else tuple(donate_argnums)
+    donated = [False] * count
+    for i in argnums:
+        i = operator.index(i)
+        if not -count <= i < count:
+            raise ValueError(f"donate_argnums has {i}, but the module has {count} parameters")
+        donated[i] = True
+    return donated
+
+
+class _Program:
+    """The compiled module and what its calls need; the dispatcher's `miss` and `fallback`."""
+
+    def __init__(self, parsed: _jax.HloProgram, devices: tuple[Any, ...],
+                 donated: list[bool]):
+        self.name = parsed.name
+        self.devices = devices
+        self.in_avals, out_avals = parsed.in_avals, parsed.out_avals
+        self.executable = _jax.compile_hlo_program(parsed, devices, donated)
+        self.donated = donated
+        ins, outs = _jax.hlo_shardings(self.executable, devices, len(self.in_avals),
+                                       len(out_avals))
+        self.in_shardings, self.out_shardings = tuple(ins), tuple(outs)
+        self.out_avals, self.handlers = _jax.result_handlers(out_avals, self.out_shardings)
+        count = len(out_avals)
+        self.out_treedef = jax.tree.structure(
+            tuple(range(count)) if parsed.tuple_result else 0)
+
+    def miss(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Checks and runs a call the dispatcher has no entry for, and gives it the entry."""
+        inputs, shardings = self._inputs(args, kwargs)
+        self._check_donations(inputs)
+        outputs = self.out_treedef.unflatten(
+            _jax.execute(self.executable, inputs, self.handlers))
+        fast_path = _core.FastPath(
+            executable=self.executable, out_treedef=self.out_treedef,
+            out_handlers=self.handlers, in_shardings=shardings, kept=[True] * len(shardings),
+            const_args=[], donated=self.donated)
+        return _core.CacheMiss(outputs, fast_path, compiles=0, jax_reason=None)
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        """A call that the dispatcher cannot key (an argument that is not an array)."""
+        return self.miss(args, kwargs).outputs
+
+    def _check_donations(self, inputs: list[Any]) -> None:
+        """No donated buffer may also be another input of the call: jaxlib crashes on that
+        with multi-device arrays (JAX's own jit too). The dispatcher checks cached calls."""
+        donated = [i for i, d in enumerate(self.donated) if d]
+        if not donated:
+            return
+        buffers = [_jax.buffer_id(x) for x in inputs]
+        for i in donated:
+            for j, other in enumerate(buffers):
+                if j != i and other == buffers[i]:
+                    raise _jax.JaxRuntimeError(
+                        f"INVALID_ARGUMENT: argument {i} (flattened) is donated, and its buffer "
+                        f"is also argument {j} of the same call: pass a copy to one of them")
+
+    def _inputs(self, args: tuple[Any, ...],
+                kwargs: dict[str, Any]) -> tuple[list[Any], list[Any]]:
+        """The arguments on the executable's input shardings, and the sharding object that
+        each parameter's inputs of this kind carry (an argument's own where equivalent)."""
+        if kwargs:
+            raise TypeError(f"{self.name} takes positional arguments only, one per entry "
+                            f"parameter; got keyword arguments {sorted(kwargs)}")
+        if len(args) != len(self.in_avals):
+            expected = ", ".join(a.str_short() for a in self.in_avals)
+            raise TypeError(f"{self.name} takes {len(self.in_avals)} arguments ({expected}), "
+                            f"one per entry parameter; got {len(args)}")
+        inputs, shardings = [], []
+        for i, arg in enumerate(args):
+            placed, sharding = self._input(i, arg)
+            inputs.append(placed)
+            shardings.append(sharding)
+        return inputs, shardings
+
+    def _input(self, i: int, arg: Any) -> tuple[Any, Any]:
+        aval, sharding = self.in_avals[i], self.in_shardings[i]
+        shape, dtype = _shape_and_dtype(arg, self._where(i))
+        if shape != aval.shape or dtype != aval.dtype:
+            given = jax.core.ShapedArray(shape, dtype).str_short()
+            raise TypeError(f"{self._where(i)} expects {aval.str_short()}, got {given}")
+        if not isinstance(arg, jax.Array):
+            return _core.device_put_leaf(arg, sharding, False), sharding
+        if arg.is_deleted():
+            raise RuntimeError(f"{self._where(i)}: the array has been deleted (donated to an "
+                               "earlier call?)")
+        own = arg.sharding
+        if own is sharding or own.is_equivalent_to(sharding, len(shape)):
+            return arg, own
+        _core.count_fallback(f"{_KIND}: an argument moved to the executable's sharding by JAX")
+        return _jax.shard_arg(arg, sharding), sharding
+
+    def _where(self, i: int) -> str:
+        return f"{self.name}: parameter {i}"
+
+
+def _shape_and_dtype(arg: Any, where: str) -> tuple[tuple[int, ...], Any]:
+    """What an argument holds, as the executable would take it; TypeError if it holds none."""
+    if isinstance(arg, jax.core.Tracer):
+        raise TypeError(f"{where} got a tracer: a compile_hlo function runs concrete arrays, "
+                        "and cannot be called under jax.jit, grad or vmap")
+    if isinstance(arg, jax.Array):
+        return tuple(arg.shape), arg.dtype
+    if isinstance(arg, np.ndarray | np.generic):
+        return tuple(arg.shape), _canonical(arg.dtype, where)
+    for kind in _PYTHON_SCALARS:
+        if isinstance(arg, kind):
+            return (), _jax.python_scalar_dtype(kind)
+    raise TypeError(f"{where} takes a jax.Array, numpy array or scalar, got "
+                    f"{type(arg).__name__}")
+
+
+@functools.cache
+def _canonical_cached(dtype: np.dtype) -> np.dtype:
+    return _jax.canonical_dtype(dtype)
+
+
+def _canonical(dtype: np.dtype, where: str) -> np.dtype:
+    try:
+        return _canonical_cached(dtype)
+    except TypeError as err:
+        raise TypeError(f"{where}: {err}") from None
