@@ -377,3 +377,36 @@ def test_a_donated_argument_that_is_also_another_argument_raises_instead_of_cras
                             timeout=110)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split() == ["raised", "True", "raised", "True", "2.0"]
+
+
+def test_the_transfer_guard_watches_cached_scalars():
+    # A Python scalar is an implicit host-to-device transfer on every call, even where the
+    # dispatcher keeps a device copy of its value.
+    ours, theirs = both(lambda a, b: a * b)
+    x = jnp.arange(4.0)
+    for f in (ours, theirs):
+        f(x, 2.0), f(x, 2.0)
+    levels = (("disallow", True), ("disallow_explicit", True), ("log", False),
+              ("log_explicit", False), ("allow", False))
+    for level, raises in levels:
+        for f in (theirs, ours):
+            with jax.transfer_guard(level):
+                if raises:
+                    with pytest.raises(JaxRuntimeError, match="Disallowed host-to-device"):
+                        f(x, 2.0)
+                else:
+                    np.testing.assert_array_equal(np.asarray(f(x, 2.0)), np.arange(4.0) * 2)
+
+
+def test_a_masked_array_fails_like_jax_after_a_plain_array_was_cached():
+    # JAX refuses masked arrays when it traces a call; its C++ cache then takes one as the
+    # plain array it was cached for, dropping the mask. fastpjit refuses it every time.
+    ours, theirs = both(lambda a: a + 1)
+    plain = np.arange(4.0, dtype=np.float32)
+    masked = np.ma.masked_array(plain, mask=[0, 1, 0, 0])
+    with pytest.raises(ValueError, match="masked arrays are not supported") as expected:
+        jax.jit(lambda a: a + 1)(masked)
+    ours(plain), ours(plain)
+    with pytest.raises(ValueError) as got:
+        ours(masked)
+    assert str(got.value) == str(expected.value)

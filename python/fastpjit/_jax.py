@@ -37,6 +37,7 @@ from jax._src.array import ArrayImpl
 from jax._src.interpreters import mlir as _mlir
 from jax._src.interpreters import pxla as _pxla
 from jax._src.lib import _jax as _jaxlib
+from jax._src.lib import guard_lib as _guard_lib
 from jax._src.lib import xla_client as xc
 from jax._src.lib.mlir import ir
 from jax._src.lib.mlir.dialects import sdy as _sdy
@@ -100,6 +101,7 @@ __all__ = [
     "legacy_pjit",
     "logical_device_ids",
     "passes_as_is",
+    "placement_sharding",
     "pmap_cache_miss",
     "post_hook_state",
     "python_scalar_dtype",
@@ -108,6 +110,9 @@ __all__ = [
     "shard_arg",
     "trace_context",
     "tracing",
+    "transfer_guard_global_state",
+    "TRANSFER_GUARD_ALLOW",
+    "transfer_guard_thread_state",
 ]
 
 
@@ -136,6 +141,16 @@ batched_device_put = xc.batched_device_put
 # unaligned (8, 4) float32 array split over 8 devices, 17 against 19 µs for an (8, 1024) one).
 HOST_BUFFER_ZERO_COPY = xc.HostBufferSemantics.ZERO_COPY
 HOST_BUFFER_COPY = xc.HostBufferSemantics.IMMUTABLE_ONLY_DURING_CALL
+
+
+def placement_sharding(sharding: Any) -> Any:
+    """A sharding that lays arrays out as `sharding` does and that jaxlib reads without running
+    Python: a SingleDeviceSharding where it has one device (GSPMD shardings and NamedShardings
+    give jaxlib their layout through Python methods, on every transfer)."""
+    if sharding.num_devices != 1 or isinstance(sharding, jax.sharding.SingleDeviceSharding):
+        return sharding
+    (device,) = sharding._device_assignment
+    return jax.sharding.SingleDeviceSharding(device, memory_kind=sharding.memory_kind)
 
 
 def device_put_aval(shape: tuple[int, ...], dtype: np.dtype, weak_type: bool, sharding: Any) -> Any:
@@ -199,6 +214,15 @@ consume_with_handlers = _jaxlib.ExecuteResults.consume_with_handlers
 # dispatch drains as it goes and JAX drains from a gc callback; `execute_sharded` leaves one
 # object there per call, so the Rust dispatcher drains it itself every so many calls.
 collect_garbage = _jaxlib.collect_garbage
+
+
+# jaxlib's transfer guard, per thread and for the process: a call's host arguments are implicit
+# host-to-device transfers, which every level but "allow" watches ("log"/"disallow", and their
+# "_explicit" forms, which watch explicit transfers too). The dispatcher checks it before it
+# hands a call a device copy of a scalar kept from an earlier call.
+transfer_guard_thread_state = _guard_lib.thread_local_state
+transfer_guard_global_state = _guard_lib.global_state()
+TRANSFER_GUARD_ALLOW = _guard_lib.TransferGuardLevel.ALLOW
 
 
 def jit_key_state_names() -> tuple[str, ...]:

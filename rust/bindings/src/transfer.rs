@@ -27,6 +27,7 @@ struct Handles {
     device_put_aval: Py<PyAny>,
     canonical_dtype: Py<PyAny>,
     python_scalar_dtype: Py<PyAny>,
+    placement_sharding: Py<PyAny>,
     copy_to_host_async: Py<PyAny>,
     /// jaxlib's `ArrayImpl`, and getters and methods of it called without an attribute lookup.
     array_impl: Py<PyType>,
@@ -62,6 +63,7 @@ fn handles(py: Python<'_>) -> PyResult<&Handles> {
             device_put_aval: get(jax, "device_put_aval")?,
             canonical_dtype: get(jax, "canonical_dtype")?,
             python_scalar_dtype: get(jax, "python_scalar_dtype")?,
+            placement_sharding: get(jax, "placement_sharding")?,
             copy_to_host_async: get(jax, "copy_to_host_async")?,
             array_impl: get_type(jax, "ArrayImpl")?,
             array_aval: get(jax, "array_aval")?,
@@ -403,16 +405,6 @@ pub fn host_value<'py>(x: &Bound<'py, PyAny>) -> PyResult<HostValue<'py>> {
     })
 }
 
-/// Places a host value (numpy array or scalar, Python scalar) on `sharding` as a jax.Array,
-/// equal to what `jax.device_put(x, sharding)` returns (float0 aside).
-pub fn put_host_value<'py>(
-    x: &Bound<'py, PyAny>,
-    sharding: &Bound<'py, PyAny>,
-    committed: bool,
-) -> PyResult<Bound<'py, PyAny>> {
-    place(&host_value(x)?, sharding, committed)
-}
-
 fn place<'py>(
     value: &HostValue<'py>,
     sharding: &Bound<'py, PyAny>,
@@ -421,6 +413,83 @@ fn place<'py>(
     let shape: Vec<usize> = value.array.cast::<PyUntypedArray>()?.shape().to_vec();
     let plan = put_plan(sharding, &shape, &value.dtype, value.weak_type)?;
     put(value, sharding, &plan, committed)
+}
+
+/// How one host argument of a cached executable (a numpy array or scalar, a Python scalar) is
+/// placed on every call: planned once, from the call that missed, for the dtype, shape and
+/// kind of value that the cache entry's signature fixes.
+pub struct HostInput {
+    /// The sharding the value is laid out on: the executable's input sharding, or where that
+    /// has one device, a `SingleDeviceSharding` of it, which jaxlib reads without Python.
+    sharding: Py<PyAny>,
+    plan: Arc<PutPlan>,
+    dtype: Py<PyAny>,
+    weak_type: bool,
+    source: HostSource,
+}
+
+/// The kinds of host value, as each becomes the numpy array placed.
+enum HostSource {
+    /// A numpy array of the canonical dtype, placed as it is.
+    Array,
+    /// A numpy array or scalar converted to the canonical dtype (float64 without x64, say).
+    Converted,
+    /// A Python scalar, made a 0-d array of the canonical dtype.
+    Scalar { int: bool },
+}
+
+impl HostInput {
+    /// The plan for values like `leaf` bound for `target`, an executable's input sharding.
+    pub fn new(leaf: &Bound<'_, PyAny>, target: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let py = leaf.py();
+        let h = handles(py)?;
+        let value = host_value(leaf)?;
+        let sharding = h.placement_sharding.bind(py).call1((target,))?;
+        let shape = value.array.cast::<PyUntypedArray>()?.shape().to_vec();
+        let plan = put_plan(&sharding, &shape, &value.dtype, value.weak_type)?;
+        let source = if leaf.is_instance_of::<PyInt>()
+            || leaf.is_instance_of::<PyFloat>()
+            || leaf.is_instance_of::<PyComplex>()
+        {
+            HostSource::Scalar {
+                int: leaf.is_instance_of::<PyInt>() && !leaf.is_instance_of::<PyBool>(),
+            }
+        } else if value.array.is(leaf) {
+            HostSource::Array
+        } else {
+            HostSource::Converted
+        };
+        Ok(Self {
+            sharding: sharding.unbind(),
+            plan,
+            dtype: value.dtype.unbind(),
+            weak_type: value.weak_type,
+            source,
+        })
+    }
+
+    /// Places `leaf`, a value of the kind this input was planned for.
+    pub fn place<'py>(&self, leaf: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        let py = leaf.py();
+        let h = handles(py)?;
+        let dtype = self.dtype.bind(py);
+        let array = match self.source {
+            HostSource::Array => leaf.clone(),
+            HostSource::Converted => h.asarray.bind(py).call1((leaf, dtype))?,
+            HostSource::Scalar { int } => {
+                if int {
+                    check_int_fits(leaf, dtype)?;
+                }
+                h.asarray.bind(py).call1((leaf, dtype))?
+            }
+        };
+        let value = HostValue {
+            array,
+            dtype: dtype.clone(),
+            weak_type: self.weak_type,
+        };
+        put(&value, self.sharding.bind(py), &self.plan, false)
+    }
 }
 
 /// Places a host value by `plan`, which was made for its shape and dtype on `sharding`.

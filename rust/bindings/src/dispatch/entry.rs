@@ -16,7 +16,7 @@ use super::leaf::{aval_value, LiveLeaf, ScalarKind};
 use super::miss::FastPath;
 use super::signature::{CallSignature, LeafKey};
 use crate::stats::count_fallback;
-use crate::transfer::{deleted_error, put_host_value};
+use crate::transfer::{deleted_error, HostInput};
 
 /// How one flat argument becomes an executable input.
 enum Input {
@@ -26,9 +26,9 @@ enum Input {
     Pass,
     /// An array elsewhere, which JAX moves to this sharding.
     Move(Py<PyAny>),
-    /// A numpy array, placed on this sharding.
-    Host(Py<PyAny>),
-    /// A Python or numpy scalar, placed on this sharding.
+    /// A numpy array, placed as planned.
+    Host(HostInput),
+    /// A Python or numpy scalar, placed as planned.
     Scalar(ScalarInput),
 }
 
@@ -36,7 +36,7 @@ enum Input {
 /// placed once serves every call that passes it again; not so for a donated argument, whose
 /// buffer the executable consumes.
 struct ScalarInput {
-    sharding: Py<PyAny>,
+    host: HostInput,
     copies: Option<Mutex<Vec<ScalarCopy>>>,
 }
 
@@ -65,12 +65,14 @@ pub struct Entry {
 }
 
 impl Entry {
-    /// The entry of an executable compiled for calls of `signature`.
+    /// The entry of an executable compiled for calls of `signature`, such as the call whose
+    /// flat arguments are `leaves`.
     pub fn new(
         py: Python<'_>,
         h: &Handles,
         fast: &FastPath,
         signature: &CallSignature,
+        leaves: &[Bound<'_, PyAny>],
     ) -> PyResult<Self> {
         let num_args = signature.leaves.len();
         if fast.donated.len() != num_args {
@@ -114,9 +116,9 @@ impl Entry {
                 LeafKey::Host {
                     kind: super::leaf::HostKind::Array,
                     ..
-                } => Input::Host(sharding),
+                } => Input::Host(HostInput::new(&leaves[j], sharding.bind(py))?),
                 LeafKey::Host { .. } | LeafKey::Scalar(_) => Input::Scalar(ScalarInput {
-                    sharding,
+                    host: HostInput::new(&leaves[j], sharding.bind(py))?,
                     copies: (!fast.donated[j]).then(|| Mutex::new(Vec::new())),
                 }),
             });
@@ -189,9 +191,7 @@ impl Entry {
                         count_fallback(moved);
                         inputs.push(h.shard_arg.bind(py).call1((leaf, sharding))?);
                     }
-                    Input::Host(sharding) => {
-                        inputs.push(put_host_value(leaf, sharding.bind(py), false)?);
-                    }
+                    Input::Host(host) => inputs.push(host.place(leaf)?),
                     Input::Scalar(scalar) => inputs.push(scalar.place(h, leaf, key)?),
                 }
             }
@@ -273,7 +273,7 @@ fn check_live(h: &Handles, array: &Bound<'_, PyAny>, position: usize) -> PyResul
 
 impl ScalarInput {
     /// The scalar `leaf` on the input's sharding: a device copy of the same value if one is
-    /// kept, else placed now (and kept).
+    /// kept (and the transfer guard does not watch implicit transfers), else placed now.
     fn place<'py>(
         &self,
         h: &Handles,
@@ -281,9 +281,8 @@ impl ScalarInput {
         key: &LiveLeaf<'py>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let py = leaf.py();
-        let sharding = self.sharding.bind(py);
         let (Some(copies), Some(bits)) = (&self.copies, scalar_bits(leaf, key)) else {
-            return put_host_value(leaf, sharding, false);
+            return self.host.place(leaf);
         };
         let lock = || copies.lock().unwrap_or_else(PoisonError::into_inner);
         let kept = {
@@ -296,11 +295,11 @@ impl ScalarInput {
         if let Some(array) = kept {
             let array = array.into_bound(py);
             // `jax.live_arrays()` can reach it and delete it.
-            if !is_deleted(h, &array)? {
+            if !is_deleted(h, &array)? && !h.host_transfers_guarded(py)? {
                 return Ok(array);
             }
         }
-        let array = put_host_value(leaf, sharding, false)?;
+        let array = self.host.place(leaf)?;
         let dropped = {
             let mut copies = lock();
             copies.retain(|(b, _)| *b != bits);

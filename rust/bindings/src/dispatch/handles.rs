@@ -35,6 +35,11 @@ pub struct Handles {
     /// Whether a deleted array was donated (its buffer given to a computation) rather than
     /// deleted by `delete()`: JAX raises another error for each.
     pub array_was_donated: Py<PyAny>,
+    /// jaxlib's transfer guard levels of this thread and of the process, and the level that
+    /// lets every transfer through.
+    guard_thread_state: Py<PyAny>,
+    guard_global_state: Py<PyAny>,
+    guard_allow: Py<PyAny>,
     /// Where an array's first shard lives: arrays that share it alias each other.
     pub buffer_id: Py<PyAny>,
     /// JAX's error type for what jaxlib refuses to run.
@@ -76,6 +81,9 @@ pub fn handles(py: Python<'_>) -> PyResult<&Handles> {
             array_committed: get(jax, "array_committed")?,
             array_is_deleted: get(jax, "array_is_deleted")?,
             array_was_donated: get(jax, "array_was_donated")?,
+            guard_thread_state: get(jax, "transfer_guard_thread_state")?,
+            guard_global_state: get(jax, "transfer_guard_global_state")?,
+            guard_allow: get(jax, "TRANSFER_GUARD_ALLOW")?,
             buffer_id: get(jax, "buffer_id")?,
             runtime_error: get_type(jax, "JaxRuntimeError")?,
             array_impl: get_type(jax, "ArrayImpl")?,
@@ -86,6 +94,18 @@ pub fn handles(py: Python<'_>) -> PyResult<&Handles> {
 }
 
 impl Handles {
+    /// Whether jaxlib's transfer guard watches implicit host-to-device transfers now, on this
+    /// thread.
+    pub fn host_transfers_guarded(&self, py: Python<'_>) -> PyResult<bool> {
+        let name = pyo3::intern!(py, "host_to_device");
+        let mut level = self.guard_thread_state.bind(py).call0()?.getattr(name)?;
+        if level.is_none() {
+            level = self.guard_global_state.bind(py).getattr(name)?;
+        }
+        let allow = self.guard_allow.bind(py);
+        Ok(!(level.is_none() || level.is(allow) || level.eq(allow)?))
+    }
+
     /// Counts one execution through `execute_sharded`, which leaves a Python object in jaxlib's
     /// queue of released objects, and drains the queue every `EXECUTIONS_PER_DRAIN` of them.
     /// Nothing else would in a loop of cached calls: jaxlib drains it in its own dispatch, which

@@ -101,7 +101,9 @@ impl<'py> LiveLeaf<'py> {
         if let Some(kind) = scalar_kind(leaf) {
             return Ok(Some(Self::Scalar(kind)));
         }
-        if let Ok(array) = leaf.cast::<PyUntypedArray>() {
+        // Subclasses of ndarray (masked arrays, say) are left to JAX.
+        if std::ptr::eq(kind, h.ndarray.as_ptr().cast()) {
+            let array = leaf.cast::<PyUntypedArray>()?;
             return Ok(DtypeKey::of(&array.dtype()).map(|dtype| Self::Host {
                 dtype,
                 kind: HostKind::Array,

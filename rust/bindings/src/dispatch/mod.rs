@@ -239,6 +239,7 @@ impl JitFunction {
         py: Python<'py>,
         h: &Handles,
         signature: CallSignature,
+        leaves: &[Bound<'py, PyAny>],
         args: &Bound<'py, PyTuple>,
         kwargs: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyAny>> {
@@ -254,7 +255,7 @@ impl JitFunction {
         let (at, evicted) = lock(&self.cache).insert(hash, cached.clone());
         drop(evicted);
         let _ = cached.at.set(at);
-        let result = self.miss_outcome(py, h, &cached, args, kwargs);
+        let result = self.miss_outcome(py, h, &cached, leaves, args, kwargs);
         if result.is_err() {
             let removed = lock(&self.cache).remove(at);
             drop(removed);
@@ -270,6 +271,7 @@ impl JitFunction {
         py: Python<'py>,
         h: &Handles,
         cached: &Cached,
+        leaves: &[Bound<'py, PyAny>],
         args: &Bound<'py, PyTuple>,
         kwargs: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyAny>> {
@@ -291,7 +293,7 @@ impl JitFunction {
                 if let Some(why) = &miss.jax_reason {
                     count_fallback(&format!("{kind}: JAX compiled the call: {why}"));
                 }
-                Outcome::Run(Entry::new(py, h, fast.get(), &cached.signature)?)
+                Outcome::Run(Entry::new(py, h, fast.get(), &cached.signature, leaves)?)
             }
         };
         // Only the thread that inserted the entry sets its outcome.
@@ -380,7 +382,7 @@ impl JitFunction {
                         let reason = this.reasons.unkeyable(Unkeyable::Leaf);
                         return this.to_jax(py, reason, args, kwargs);
                     };
-                    return this.run_miss(py, h, signature, args, kwargs);
+                    return this.run_miss(py, h, signature, &call.leaves, args, kwargs);
                 }
             };
             match cached.outcome.get() {
