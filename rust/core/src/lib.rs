@@ -17,7 +17,7 @@ pub mod tile;
 pub use error::ShardingError;
 pub use hlo_sharding::HloSharding;
 pub use index_map::IndexMap;
-pub use lru::{LruBuckets, SlotRef};
+pub use lru::{LruBuckets, Recency, SlotRef, UseStamp};
 pub use mesh::{MeshAxes, NamedSpec};
 pub use process_local::{local_blocks, process_block_counts, LocalDataError};
 pub use tile::{DeviceOrder, TileLayout};

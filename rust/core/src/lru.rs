@@ -1,26 +1,55 @@
 //! A bounded map from hashes to values, for keys whose equality only the caller can decide
 //! (the dispatcher's call signatures compare Python objects). Values under one hash form a
 //! bucket that the caller searches; when full, the least recently used value is evicted.
+//! Values say when they were last used themselves (`Recency`), so that marking one used needs
+//! no lock on the map.
 
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use rustc_hash::FxHasher;
 
-type Buckets<V> = HashMap<u64, Vec<Slot<V>>, BuildHasherDefault<FxHasher>>;
+type Buckets<V> = HashMap<u64, Vec<(u64, V)>, BuildHasherDefault<FxHasher>>;
 
-struct Slot<V> {
-    value: V,
-    id: u64,
-    used: u64,
+/// When a value was last used, on a clock that only moves forward.
+pub trait Recency {
+    fn last_used(&self) -> u64;
+}
+
+impl<T: Recency> Recency for std::sync::Arc<T> {
+    fn last_used(&self) -> u64 {
+        T::last_used(self)
+    }
+}
+
+/// A value's use stamp, to embed in values: `mark` on each use.
+#[derive(Debug, Default)]
+pub struct UseStamp(AtomicU64);
+
+static CLOCK: AtomicU64 = AtomicU64::new(0);
+
+impl UseStamp {
+    /// A stamp of now.
+    pub fn now() -> Self {
+        Self(AtomicU64::new(CLOCK.fetch_add(1, Ordering::Relaxed)))
+    }
+
+    /// Marks a use now.
+    pub fn mark(&self) {
+        self.0
+            .store(CLOCK.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
 }
 
 pub struct LruBuckets<V> {
     buckets: Buckets<V>,
     len: usize,
     capacity: usize,
-    /// Advances on every use; a slot's `used` is the clock when it was last used.
-    clock: u64,
     next_id: u64,
 }
 
@@ -31,14 +60,13 @@ pub struct SlotRef {
     pub id: u64,
 }
 
-impl<V: Clone> LruBuckets<V> {
+impl<V: Clone + Recency> LruBuckets<V> {
     /// An empty map that holds at most `capacity` values (at least one).
     pub fn new(capacity: usize) -> Self {
         Self {
             buckets: Buckets::default(),
             len: 0,
             capacity: capacity.max(1),
-            clock: 0,
             next_id: 0,
         }
     }
@@ -51,38 +79,21 @@ impl<V: Clone> LruBuckets<V> {
         self.len == 0
     }
 
-    /// The values under `hash`, most recently used first, with their places.
-    pub fn bucket(&self, hash: u64) -> Vec<(SlotRef, V)> {
+    /// The values under `hash`, most recently used first.
+    pub fn bucket(&self, hash: u64) -> Vec<V> {
         let Some(bucket) = self.buckets.get(&hash) else {
             return Vec::new();
         };
-        let mut found: Vec<_> = bucket
-            .iter()
-            .map(|slot| (slot.used, SlotRef { hash, id: slot.id }, slot.value.clone()))
-            .collect();
-        found.sort_by_key(|slot| std::cmp::Reverse(slot.0));
+        let mut found: Vec<V> = bucket.iter().map(|(_, value)| value.clone()).collect();
+        if found.len() > 1 {
+            found.sort_by_key(|value| std::cmp::Reverse(value.last_used()));
+        }
         found
-            .into_iter()
-            .map(|(_, at, value)| (at, value))
-            .collect()
     }
 
     /// Every value, in no particular order.
     pub fn values(&self) -> impl Iterator<Item = &V> {
-        self.buckets.values().flatten().map(|slot| &slot.value)
-    }
-
-    /// Marks the value at `at` as just used; false if it is no longer there.
-    pub fn touch(&mut self, at: SlotRef) -> bool {
-        self.clock += 1;
-        let clock = self.clock;
-        match self.slot_mut(at) {
-            Some(slot) => {
-                slot.used = clock;
-                true
-            }
-            None => false,
-        }
+        self.buckets.values().flatten().map(|(_, value)| value)
     }
 
     /// Inserts `value` under `hash`, evicting the least recently used value when full; returns
@@ -93,42 +104,26 @@ impl<V: Clone> LruBuckets<V> {
         } else {
             None
         };
-        self.clock += 1;
         self.next_id += 1;
         let at = SlotRef {
             hash,
             id: self.next_id,
         };
-        self.buckets.entry(hash).or_default().push(Slot {
-            value,
-            id: at.id,
-            used: self.clock,
-        });
+        self.buckets.entry(hash).or_default().push((at.id, value));
         self.len += 1;
         (at, evicted)
-    }
-
-    /// Replaces the value at `at`; false if it is no longer there.
-    pub fn replace(&mut self, at: SlotRef, value: V) -> bool {
-        match self.slot_mut(at) {
-            Some(slot) => {
-                slot.value = value;
-                true
-            }
-            None => false,
-        }
     }
 
     /// Removes the value at `at`, if it is still there.
     pub fn remove(&mut self, at: SlotRef) -> Option<V> {
         let bucket = self.buckets.get_mut(&at.hash)?;
-        let i = bucket.iter().position(|slot| slot.id == at.id)?;
-        let slot = bucket.swap_remove(i);
+        let i = bucket.iter().position(|(id, _)| *id == at.id)?;
+        let (_, value) = bucket.swap_remove(i);
         if bucket.is_empty() {
             self.buckets.remove(&at.hash);
         }
         self.len -= 1;
-        Some(slot.value)
+        Some(value)
     }
 
     /// Removes every value, returning them (so that the caller can drop them where it may).
@@ -136,22 +131,19 @@ impl<V: Clone> LruBuckets<V> {
         self.len = 0;
         self.buckets
             .drain()
-            .flat_map(|(_, bucket)| bucket.into_iter().map(|slot| slot.value))
+            .flat_map(|(_, bucket)| bucket.into_iter().map(|(_, value)| value))
             .collect()
-    }
-
-    fn slot_mut(&mut self, at: SlotRef) -> Option<&mut Slot<V>> {
-        self.buckets
-            .get_mut(&at.hash)?
-            .iter_mut()
-            .find(|slot| slot.id == at.id)
     }
 
     fn evict_oldest(&mut self) -> Option<V> {
         let oldest = self
             .buckets
             .iter()
-            .flat_map(|(&hash, bucket)| bucket.iter().map(move |slot| (slot.used, hash, slot.id)))
+            .flat_map(|(&hash, bucket)| {
+                bucket
+                    .iter()
+                    .map(move |(id, value)| (value.last_used(), hash, *id))
+            })
             .min()?;
         self.remove(SlotRef {
             hash: oldest.1,
@@ -162,64 +154,86 @@ impl<V: Clone> LruBuckets<V> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
 
-    fn values(map: &LruBuckets<&'static str>, hash: u64) -> Vec<&'static str> {
-        map.bucket(hash).into_iter().map(|(_, v)| v).collect()
+    #[derive(Debug)]
+    struct Value {
+        name: &'static str,
+        used: UseStamp,
+    }
+
+    impl Recency for Value {
+        fn last_used(&self) -> u64 {
+            self.used.get()
+        }
+    }
+
+    fn value(name: &'static str) -> Arc<Value> {
+        Arc::new(Value {
+            name,
+            used: UseStamp::now(),
+        })
+    }
+
+    fn names(map: &LruBuckets<Arc<Value>>, hash: u64) -> Vec<&'static str> {
+        map.bucket(hash).into_iter().map(|v| v.name).collect()
     }
 
     #[test]
     fn values_under_one_hash_share_a_bucket_most_recent_first() {
         let mut map = LruBuckets::new(8);
-        let (a, _) = map.insert(1, "a");
-        map.insert(1, "b");
-        map.insert(2, "c");
-        assert_eq!(values(&map, 1), ["b", "a"]);
-        assert!(map.touch(a));
-        assert_eq!(values(&map, 1), ["a", "b"]);
-        assert_eq!(values(&map, 2), ["c"]);
-        assert!(values(&map, 3).is_empty());
+        let a = value("a");
+        map.insert(1, a.clone());
+        map.insert(1, value("b"));
+        map.insert(2, value("c"));
+        assert_eq!(names(&map, 1), ["b", "a"]);
+        a.used.mark();
+        assert_eq!(names(&map, 1), ["a", "b"]);
+        assert_eq!(names(&map, 2), ["c"]);
+        assert!(names(&map, 3).is_empty());
         assert_eq!(map.len(), 3);
     }
 
     #[test]
     fn a_full_map_evicts_the_least_recently_used() {
         let mut map = LruBuckets::new(3);
-        let (a, _) = map.insert(1, "a");
-        map.insert(2, "b");
-        map.insert(3, "c");
-        map.touch(a);
-        let (_, evicted) = map.insert(4, "d");
-        assert_eq!(evicted, Some("b"));
+        let a = value("a");
+        map.insert(1, a.clone());
+        map.insert(2, value("b"));
+        map.insert(3, value("c"));
+        a.used.mark();
+        let (_, evicted) = map.insert(4, value("d"));
+        assert_eq!(evicted.map(|v| v.name), Some("b"));
         assert_eq!(map.len(), 3);
-        assert!(values(&map, 2).is_empty());
-        let (_, evicted) = map.insert(5, "e");
-        assert_eq!(evicted, Some("c"));
-        assert_eq!(values(&map, 1), ["a"]);
+        assert!(names(&map, 2).is_empty());
+        let (_, evicted) = map.insert(5, value("e"));
+        assert_eq!(evicted.map(|v| v.name), Some("c"));
+        assert_eq!(names(&map, 1), ["a"]);
     }
 
     #[test]
-    fn removed_and_replaced_places() {
+    fn removed_places_and_draining() {
         let mut map = LruBuckets::new(4);
-        let (a, _) = map.insert(7, "a");
-        let (b, _) = map.insert(7, "b");
-        assert!(map.replace(b, "B"));
-        assert_eq!(map.remove(a), Some("a"));
-        assert_eq!(map.remove(a), None);
-        assert!(!map.touch(a));
-        assert!(!map.replace(a, "x"));
-        assert_eq!(values(&map, 7), ["B"]);
-        assert_eq!(map.drain(), vec!["B"]);
+        let (a, _) = map.insert(7, value("a"));
+        map.insert(7, value("b"));
+        assert_eq!(map.remove(a).map(|v| v.name), Some("a"));
+        assert!(map.remove(a).is_none());
+        assert_eq!(names(&map, 7), ["b"]);
+        assert_eq!(map.values().count(), 1);
+        let drained: Vec<_> = map.drain().into_iter().map(|v| v.name).collect();
+        assert_eq!(drained, ["b"]);
         assert!(map.is_empty());
-        assert!(values(&map, 7).is_empty());
+        assert!(names(&map, 7).is_empty());
     }
 
     #[test]
     fn capacity_is_at_least_one() {
         let mut map = LruBuckets::new(0);
-        map.insert(1, "a");
-        let (_, evicted) = map.insert(2, "b");
-        assert_eq!(evicted, Some("a"));
+        map.insert(1, value("a"));
+        let (_, evicted) = map.insert(2, value("b"));
+        assert_eq!(evicted.map(|v| v.name), Some("a"));
         assert_eq!(map.len(), 1);
     }
 }

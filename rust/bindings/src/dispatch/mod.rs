@@ -19,7 +19,7 @@ mod tree;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::thread::{self, ThreadId};
 
-use fastpjit_core::{LruBuckets, SlotRef};
+use fastpjit_core::{LruBuckets, Recency, UseStamp};
 use pyo3::exceptions::{PyOverflowError, PyRuntimeError};
 use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
@@ -46,11 +46,16 @@ enum Outcome {
 /// has found out. Other threads that call with the signature meanwhile wait for it.
 struct Cached {
     signature: CallSignature,
-    /// Its place in the cache, to mark it used.
-    at: OnceLock<SlotRef>,
+    used: UseStamp,
     outcome: OnceLock<Outcome>,
     compiling: Mutex<Option<ThreadId>>,
     done: Condvar,
+}
+
+impl Recency for Cached {
+    fn last_used(&self) -> u64 {
+        self.used.get()
+    }
 }
 
 impl Cached {
@@ -103,6 +108,9 @@ impl Reasons {
 
 /// How many trees a function remembers, most recently used first.
 const TREES: usize = 16;
+/// How many entries a call is compared with before its signature is hashed: those of the
+/// latest calls, so that alternating signatures are found without hashing either.
+const RECENT: usize = 4;
 
 /// The dispatcher behind `fastpjit.jit`, `fastpjit.pmap` and compiled (AOT) functions;
 /// Python subclasses add `lower`, `trace`, ...
@@ -116,8 +124,9 @@ pub struct JitFunction {
     statics: StaticArgs,
     reasons: Reasons,
     cache: Mutex<LruBuckets<Arc<Cached>>>,
-    /// The entry of the latest hit or miss, tried first: calls tend to repeat.
-    latest: Mutex<Option<Arc<Cached>>>,
+    /// The entries of the latest hits and misses, most recent first, tried before the cache:
+    /// calls tend to repeat.
+    recent: Mutex<Vec<Arc<Cached>>>,
     trees: Mutex<Vec<Arc<Tree>>>,
 }
 
@@ -200,11 +209,38 @@ impl JitFunction {
         Ok(tree)
     }
 
+    /// Puts `cached` first among the recent entries.
+    fn note_recent(&self, cached: &Arc<Cached>) {
+        let mut recent = lock(&self.recent);
+        if recent
+            .first()
+            .is_some_and(|first| Arc::ptr_eq(first, cached))
+        {
+            return;
+        }
+        recent.retain(|r| !Arc::ptr_eq(r, cached));
+        recent.insert(0, cached.clone());
+        let keep = recent.len().min(RECENT);
+        let dropped = recent.split_off(keep);
+        drop(recent);
+        drop(dropped);
+    }
+
+    /// The recent entry whose signature `call` has, if any.
+    fn lookup_recent(call: &LiveCall<'_>, recent: &[Arc<Cached>]) -> PyResult<Option<Arc<Cached>>> {
+        for cached in recent {
+            if Arc::ptr_eq(&cached.signature.tree, &call.tree) && cached.signature.matches(call)? {
+                return Ok(Some(cached.clone()));
+            }
+        }
+        Ok(None)
+    }
+
     /// The cache entry whose signature `call` has, if any.
     fn lookup(&self, call: &LiveCall<'_>, hash: u64) -> PyResult<Option<Arc<Cached>>> {
         // Comparing signatures may run Python (`__eq__`), so it happens outside the lock.
         let candidates = lock(&self.cache).bucket(hash);
-        for (_, cached) in candidates {
+        for cached in candidates {
             if cached.signature.matches(call)? {
                 return Ok(Some(cached));
             }
@@ -247,20 +283,22 @@ impl JitFunction {
         let hash = signature.hash;
         let cached = Arc::new(Cached {
             signature,
-            at: OnceLock::new(),
+            used: UseStamp::now(),
             outcome: OnceLock::new(),
             compiling: Mutex::new(Some(thread::current().id())),
             done: Condvar::new(),
         });
         let (at, evicted) = lock(&self.cache).insert(hash, cached.clone());
+        if let Some(evicted) = &evicted {
+            lock(&self.recent).retain(|r| !Arc::ptr_eq(r, evicted));
+        }
         drop(evicted);
-        let _ = cached.at.set(at);
         let result = self.miss_outcome(py, h, &cached, leaves, args, kwargs);
         if result.is_err() {
             let removed = lock(&self.cache).remove(at);
             drop(removed);
         } else {
-            *lock(&self.latest) = Some(cached.clone());
+            self.note_recent(&cached);
         }
         cached.finish();
         result
@@ -340,7 +378,7 @@ impl JitFunction {
             },
             reasons: Reasons::of(kind),
             cache: Mutex::new(LruBuckets::new(capacity)),
-            latest: Mutex::new(None),
+            recent: Mutex::new(Vec::with_capacity(RECENT)),
             trees: Mutex::new(Vec::new()),
         }
     }
@@ -359,14 +397,12 @@ impl JitFunction {
             return this.to_jax(py, &this.reasons.disabled, args, kwargs);
         }
         let mut call = LiveCall::split(&this.statics, args, kwargs, context)?;
-        let latest = lock(&this.latest).clone();
-        if !this.flatten(py, h, &mut call, latest.as_ref())? {
+        let recent = lock(&this.recent).clone();
+        if !this.flatten(py, h, &mut call, recent.first())? {
             return this.to_jax(py, this.reasons.unkeyable(Unkeyable::Leaf), args, kwargs);
         }
-        let mut found = match latest {
-            Some(latest) if latest.signature.matches(&call)? => Some(latest),
-            _ => None,
-        };
+        let mut found = Self::lookup_recent(&call, &recent)?;
+        drop(recent);
         loop {
             let cached = if let Some(cached) = found.take() {
                 cached
@@ -388,12 +424,8 @@ impl JitFunction {
             match cached.outcome.get() {
                 Some(Outcome::Run(entry)) => {
                     count(Counter::CacheHit);
-                    if let Some(&at) = cached.at.get() {
-                        lock(&this.cache).touch(at);
-                    }
-                    if !latest_is(&this.latest, &cached) {
-                        *lock(&this.latest) = Some(cached.clone());
-                    }
+                    cached.used.mark();
+                    this.note_recent(&cached);
                     let out = match entry.run(py, h, &call.leaves, &call.keys, &this.reasons.moved)
                     {
                         Err(err) if err.is_instance_of::<PyOverflowError>(py) => {
@@ -429,9 +461,9 @@ impl JitFunction {
     #[pyo3(name = "_clear_cache")]
     fn clear_cache(&self) {
         let entries = lock(&self.cache).drain();
-        let latest = lock(&self.latest).take();
+        let recent = std::mem::take(&mut *lock(&self.recent));
         let trees = std::mem::take(&mut *lock(&self.trees));
-        drop((entries, latest, trees));
+        drop((entries, recent, trees));
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
@@ -463,12 +495,6 @@ impl JitFunction {
         drop(callables);
         self.clear_cache();
     }
-}
-
-fn latest_is(latest: &Mutex<Option<Arc<Cached>>>, cached: &Arc<Cached>) -> bool {
-    lock(latest)
-        .as_ref()
-        .is_some_and(|l| Arc::ptr_eq(l, cached))
 }
 
 /// Forgets the avals and shardings that the dispatcher remembers (`jax.clear_caches()`).
