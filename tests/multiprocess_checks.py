@@ -181,14 +181,80 @@ def device_put_across_processes():
                                          jax.device_put(value, sharding))
 
 
+def hits_only(call: Callable[[], object]) -> object:
+    """Runs `call` (a second call of one signature): it must be a hit, with no fallback."""
+    before = fastpjit.stats()
+    out = call()
+    after = fastpjit.stats()
+    assert after["cache_hits"] == before["cache_hits"] + 1, "not a cache hit"
+    assert after["cache_misses"] == before["cache_misses"], "a cache miss"
+    assert after["fallbacks"] == before["fallbacks"], after["fallbacks"]
+    return out
+
+
+def same_pmap_outputs(ours, theirs):
+    ours_leaves, ours_tree = jax.tree.flatten(ours)
+    theirs_leaves, theirs_tree = jax.tree.flatten(theirs)
+    assert ours_tree == theirs_tree, (ours_tree, theirs_tree)
+    for a, b in zip(ours_leaves, theirs_leaves, strict=True):
+        assert_same_global_array(a, b)
+
+
+def pmap_across_processes(fun, *args, repeats=3, **options):
+    """`fastpjit.pmap` against `jax.pmap` on host-local arguments: the same outputs on every
+    call, and every call after the first a hit with no fallback."""
+    ours, theirs = fastpjit.pmap(fun, **options), jax.pmap(fun, **options)
+    for i in range(repeats):
+        expected = theirs(*args)
+        got = ours(*args) if i == 0 else hits_only(lambda: ours(*args))
+        same_pmap_outputs(got, expected)
+
+
+def host_rows(*shape):
+    return local_values((LOCAL_DEVICES, *shape))
+
+
 @check
 def pmap_of_host_local_rows():
-    # Results only: whether multi-process pmap takes fastpjit's fast path is not checked here.
-    per_process = np.arange(LOCAL_DEVICES * 3, dtype=np.float32).reshape(LOCAL_DEVICES, 3)
-    expected = jax.pmap(lambda v: v * 3 + jax.process_index())(per_process)
-    got = fastpjit.pmap(lambda v: v * 3 + jax.process_index())(per_process)
-    assert_same_global_array(got, expected)
-    assert {s.device for s in expected.addressable_shards} == set(jax.local_devices())
+    pmap_across_processes(lambda v: v * 3 + jax.process_index(), host_rows(3))
+    # Arrays that a previous pmap left on this process's devices.
+    placed = jax.pmap(lambda v: v + 0)(host_rows(3))
+    pmap_across_processes(lambda v: v * 3, placed)
+
+
+@check
+def pmap_collectives_across_processes():
+    x = host_rows(2)
+    pmap_across_processes(lambda v: v / jax.lax.psum(v, "i"), x, axis_name="i")
+    pmap_across_processes(lambda v: jax.lax.pmean(v, "i"), x, axis_name="i")
+    pmap_across_processes(lambda v: jax.lax.all_gather(v, "i"), x, axis_name="i")
+    pmap_across_processes(lambda v: (jax.lax.psum(v, "i"), v.sum()), x, axis_name="i")
+
+
+@check
+def pmap_axes_statics_and_scalars_across_processes():
+    x, y = host_rows(3), local_values((3, LOCAL_DEVICES))
+    pmap_across_processes(lambda a, b: a + b.T, x, y, in_axes=(0, 1))
+    pmap_across_processes(lambda a: a * 2, x, out_axes=1)
+    pmap_across_processes(lambda a, s: a * 2.5 + s, x, 1.5, in_axes=(0, None))
+    pmap_across_processes(lambda a, n: a * n, x, 3, static_broadcasted_argnums=1)
+    pmap_across_processes(lambda a, b: a - b, x, np.float32(2), in_axes=(0, None))
+
+
+@check
+def pmap_donation_across_processes():
+    step = lambda state, batch: state * 0.5 + batch  # noqa: E731
+    ours = fastpjit.pmap(step, donate_argnums=0)
+    theirs = jax.pmap(step, donate_argnums=0)
+    prepare = jax.pmap(lambda v: v + 0)
+    batch = host_rows(3)
+    o, t = prepare(host_rows(3)), prepare(host_rows(3))
+    for i in range(4):
+        previous = o
+        o = ours(o, batch) if i == 0 else hits_only(lambda o=o: ours(o, batch))
+        t = theirs(t, batch)
+        same_pmap_outputs(o, t)
+        assert previous.is_deleted()
 
 
 # --- make_array_from_process_local_data against JAX's ---------------------------------------

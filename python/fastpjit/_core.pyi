@@ -81,6 +81,8 @@ class FastPath:
         kept: Sequence[bool],
         const_args: Sequence[Any],
         donated: Sequence[bool],
+        in_global: Sequence[tuple[Any, Any] | None] | None = None,
+        out_local: Sequence[tuple[Any, Any] | None] | None = None,
     ) -> Self: ...
     @property
     def executable(self) -> Any: ...
@@ -96,6 +98,10 @@ class FastPath:
     def const_args(self) -> list[Any]: ...
     @property
     def donated(self) -> list[bool]: ...
+    @property
+    def in_global(self) -> list[tuple[Any, Any] | None] | None: ...
+    @property
+    def out_local(self) -> list[tuple[Any, Any] | None] | None: ...
 
 @final
 class CacheMiss:

@@ -28,6 +28,7 @@ from jax._src import mesh as _mesh
 from jax._src import named_sharding as _named_sharding
 from jax._src import op_shardings as _op_shardings
 from jax._src import pjit as _pjit
+from jax._src import pmap as _pmap_lib
 from jax._src import sharding as _sharding
 from jax._src import sharding_impls as _sharding_impls
 from jax._src import stages as _stages
@@ -56,6 +57,7 @@ __all__ = [
     "array_committed",
     "ARRAY_HOST_VALUE",
     "array_is_deleted",
+    "array_rewrap",
     "array_sharding",
     "array_single_device_arrays",
     "ARRAY_TO_HOST",
@@ -110,8 +112,8 @@ __all__ = [
     "shard_arg",
     "trace_context",
     "tracing",
-    "transfer_guard_global_state",
     "TRANSFER_GUARD_ALLOW",
+    "transfer_guard_global_state",
     "transfer_guard_thread_state",
 ]
 
@@ -209,6 +211,9 @@ array_aval = vars(ArrayImpl)["aval"].fget
 array_sharding = vars(ArrayImpl)["_sharding"].fget
 array_committed = vars(ArrayImpl)["_committed"].fget
 array_is_deleted = vars(ArrayImpl)["is_deleted"]
+# The same buffers as another global array: a pmap across processes views a host-local array
+# as this process's part of a global one, and back.
+array_rewrap = vars(ArrayImpl)["_rewrap_with_aval_and_sharding"]
 consume_with_handlers = _jaxlib.ExecuteResults.consume_with_handlers
 # jaxlib releases some Python objects of an execution through a queue that its own C++
 # dispatch drains as it goes and JAX drains from a gc callback; `execute_sharded` leaves one
@@ -650,14 +655,75 @@ def in_legacy_mesh_context() -> bool:
 
 def pmap_cache_miss(pmapped: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """The cache miss of a jax.pmap function: JAX's pmap resolves its parameters and the jit
-    over shard_map that it calls, whose miss is `jit_cache_miss`'s. Multi-process pmaps, which
-    convert host-local arrays in Python, run in JAX without an entry."""
+    over shard_map that it calls, whose miss is `jit_cache_miss`'s. Across processes, the
+    call's host-local arrays become global arrays first and its outputs host-local ones after;
+    the fast path then says how each argument and output is converted."""
     infer_params = _closure_variable(pmapped, "infer_params")
-    _, jitted, args_flat, _, _, process_count, trace_state_clean = infer_params(*args, **kwargs)
-    if process_count > 1 or not trace_state_clean:
+    local_flat = _pmap_dynamic_leaves(infer_params, args, kwargs)
+    cached, jitted, args_flat, _, _, process_count, trace_state_clean = infer_params(
+        *args, **kwargs)
+    if not trace_state_clean:
         return _native.CacheMiss(pmapped(*args, **kwargs), None, compiles=0,
-                                 jax_reason="multi-process, or under a JAX trace")
-    return jit_cache_miss(jitted, tuple(args_flat), {})
+                                 jax_reason="under a JAX trace")
+    miss = jit_cache_miss(jitted, tuple(args_flat), {})
+    if process_count == 1:
+        return miss
+    outputs = _pmap_lib.global_array_to_host_local_array(miss.outputs, cached, True)
+    fast_path, reason = _across_processes(miss, cached, local_flat)
+    return _native.CacheMiss(outputs, fast_path, compiles=miss.compiles,
+                             jax_reason=reason or miss.jax_reason)
+
+
+def _pmap_dynamic_leaves(infer_params: Any, args: tuple[Any, ...],
+                         kwargs: dict[str, Any]) -> list[Any]:
+    """A pmap call's flat dynamic arguments as the caller passed them (host-local ones)."""
+    statics = set(_closure_variable(infer_params, "static_broadcasted_tuple"))
+    dynamic = tuple(a for i, a in enumerate(args) if i not in statics)
+    return _tree_util.tree_leaves((dynamic, kwargs))
+
+
+def _across_processes(miss: Any, cached: Any, local_flat: list[Any]) -> tuple[Any, str | None]:
+    """The fast path of a pmap across processes: its own, with how each host-local argument
+    becomes a global array (its buffers viewed as this process's part of it, or placed there
+    when it is a host value) and each global output a host-local array. None, with why, where
+    JAX's conversion would have to move an argument."""
+    fast = miss.fast_path
+    if fast is None:
+        return None, None
+    in_global = []
+    shardings = zip(local_flat, cached.in_local_shardings, cached.in_global_shardings,
+                    strict=True)
+    for arg, local_sharding, global_sharding in shardings:
+        if type(arg) is ArrayImpl:
+            if not (arg.is_fully_addressable and _pmap_lib._is_sharding_equivalent(
+                    arg.sharding, local_sharding, arg.ndim)):
+                return None, ("a pmap across processes got an array off its local sharding, "
+                              "which JAX moves")
+            shape, dtype = arg.shape, arg.dtype
+        elif isinstance(arg, np.ndarray | np.generic | bool | int | float | complex):
+            value = np.asarray(arg)
+            shape, dtype = value.shape, canonical_dtype(value.dtype)
+        else:
+            return None, "a pmap across processes got an argument that JAX converts"
+        in_global.append((_pmap_lib._local_to_global_aval(shape, dtype, global_sharding),
+                          global_sharding))
+    out_flat, out_tree = _tree_util.tree_flatten(miss.outputs)
+    local_shardings, global_shardings = _pmap_lib._get_out_shardings(
+        out_tree, cached.out_specs, cached.out_local_shardings_thunk)
+    out_local = []
+    for out, local_sharding, global_sharding in zip(out_flat, local_shardings,
+                                                    global_shardings, strict=True):
+        if type(out) is not ArrayImpl or out.is_fully_addressable:
+            out_local.append(None)
+            continue
+        if not _pmap_lib._is_sharding_equivalent(out.sharding, global_sharding, out.ndim):
+            return None, "a pmap across processes has an output that JAX moves"
+        out_local.append((_pmap_lib._global_to_local_aval(out.shape, out.dtype, global_sharding),
+                          local_sharding))
+    fields = ("executable", "out_treedef", "out_handlers", "in_shardings", "kept", "const_args",
+              "donated")
+    return _native.FastPath(**{f: getattr(fast, f) for f in fields}, in_global=in_global,
+                            out_local=out_local), None
 
 
 def _closure_variable(function: Any, name: str) -> Any:

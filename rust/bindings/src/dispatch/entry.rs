@@ -13,8 +13,9 @@ use pyo3::types::{PyBool, PyComplex, PyFloat, PyInt, PyList, PyTuple};
 
 use super::handles::Handles;
 use super::leaf::{aval_value, LiveLeaf, ScalarKind};
-use super::miss::FastPath;
+use super::miss::{Conversion, FastPath};
 use super::signature::{CallSignature, LeafKey};
+use crate::process_local::make_array_from_process_local_leaf;
 use crate::stats::count_fallback;
 use crate::transfer::{deleted_error, HostInput};
 
@@ -30,6 +31,12 @@ enum Input {
     Host(HostInput),
     /// A Python or numpy scalar, placed as planned.
     Scalar(ScalarInput),
+    /// A host-local array of a pmap across processes, viewed as this process's part of a
+    /// global array of this aval and sharding (its buffers are shared, not copied).
+    Rewrap(Py<PyAny>, Py<PyAny>),
+    /// A host-local value of a pmap across processes, placed as this process's part of a
+    /// global array of this aval (its shape and dtype) and sharding.
+    ProcessLocal(Py<PyAny>, Py<PyAny>),
 }
 
 /// Device copies of a scalar argument's recent values. Scalars are immutable, so a value
@@ -62,6 +69,8 @@ pub struct Entry {
     /// The arguments whose buffers the executable consumes, and whether it spans devices.
     donated: Vec<usize>,
     multi_device: bool,
+    /// For a pmap across processes: the local aval and sharding each output leaf becomes.
+    out_local: Option<Vec<Option<Conversion>>>,
 }
 
 impl Entry {
@@ -103,6 +112,14 @@ impl Entry {
             }
             let sharding = fast.in_shardings[position].clone_ref(py);
             position += 1;
+            if let Some((aval, global)) = fast.in_global.as_ref().and_then(|g| g[j].as_ref()) {
+                let (aval, global) = (aval.clone_ref(py), global.clone_ref(py));
+                inputs.push(match key {
+                    LeafKey::Array { .. } => Input::Rewrap(aval, global),
+                    LeafKey::Host { .. } | LeafKey::Scalar(_) => Input::ProcessLocal(aval, global),
+                });
+                continue;
+            }
             inputs.push(match key {
                 LeafKey::Array { sharding: own, .. } => {
                     let passes: bool =
@@ -154,6 +171,12 @@ impl Entry {
             inputs,
             donated,
             multi_device,
+            out_local: fast.out_local.as_ref().map(|local| {
+                local
+                    .iter()
+                    .map(|o| o.as_ref().map(|(a, s)| (a.clone_ref(py), s.clone_ref(py))))
+                    .collect()
+            }),
         })
     }
 
@@ -193,16 +216,33 @@ impl Entry {
                     }
                     Input::Host(host) => inputs.push(host.place(leaf)?),
                     Input::Scalar(scalar) => inputs.push(scalar.place(h, leaf, key)?),
+                    Input::Rewrap(aval, sharding) => {
+                        check_live(h, leaf, j)?;
+                        inputs.push(h.rewrap.bind(py).call1((leaf, aval, sharding))?);
+                    }
+                    Input::ProcessLocal(aval, sharding) => {
+                        let shape = aval.bind(py).getattr(intern!(py, "shape"))?;
+                        let dtype = aval.bind(py).getattr(intern!(py, "dtype"))?;
+                        let local = h.asarray.bind(py).call1((leaf, dtype))?;
+                        inputs.push(make_array_from_process_local_leaf(
+                            &local,
+                            sharding.bind(py),
+                            Some(&shape),
+                        )?);
+                    }
                 }
             }
             PyTuple::new(py, inputs)?
         };
         let results = self.execute_sharded.bind(py).call1((inputs,))?;
         h.count_execution(py);
-        let outs = h
+        let mut outs = h
             .consume_with_handlers
             .bind(py)
             .call1((results, self.out_handlers.bind(py)))?;
+        if let Some(local) = &self.out_local {
+            outs = Self::to_local(h, &outs, local)?;
+        }
         match &self.unflatten {
             None => outs.get_item(0),
             Some(unflatten) => unflatten.bind(py).call1((outs,)),
@@ -245,6 +285,24 @@ impl Entry {
             }
         }
         Ok(())
+    }
+
+    /// The outputs of a pmap across processes as host-local arrays, where `local` says so.
+    fn to_local<'py>(
+        h: &Handles,
+        outs: &Bound<'py, PyAny>,
+        local: &[Option<Conversion>],
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let py = outs.py();
+        let mut converted = Vec::with_capacity(local.len());
+        for (out, local) in outs.try_iter()?.zip(local) {
+            let out = out?;
+            converted.push(match local {
+                Some((aval, sharding)) => h.rewrap.bind(py).call1((&out, aval, sharding))?,
+                None => out,
+            });
+        }
+        Ok(PyList::new(py, converted)?.into_any())
     }
 
     /// The constants held, for the garbage collector.

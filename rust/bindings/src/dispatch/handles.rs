@@ -44,6 +44,9 @@ pub struct Handles {
     pub buffer_id: Py<PyAny>,
     /// JAX's error type for what jaxlib refuses to run.
     pub runtime_error: Py<PyType>,
+    /// `ArrayImpl._rewrap_with_aval_and_sharding`: the same buffers as another global array.
+    pub rewrap: Py<PyAny>,
+    pub asarray: Py<PyAny>,
     pub array_impl: Py<PyType>,
     pub ndarray: Py<PyType>,
     pub numpy_scalar: Py<PyType>,
@@ -86,6 +89,8 @@ pub fn handles(py: Python<'_>) -> PyResult<&Handles> {
             guard_allow: get(jax, "TRANSFER_GUARD_ALLOW")?,
             buffer_id: get(jax, "buffer_id")?,
             runtime_error: get_type(jax, "JaxRuntimeError")?,
+            rewrap: get(jax, "array_rewrap")?,
+            asarray: get(&numpy, "asarray")?,
             array_impl: get_type(jax, "ArrayImpl")?,
             ndarray: get_type(&numpy, "ndarray")?,
             numpy_scalar: get_type(&numpy, "generic")?,

@@ -6,6 +6,9 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 
+/// An aval and a sharding: what a value of a pmap across processes becomes.
+pub type Conversion = (Py<PyAny>, Py<PyAny>);
+
 /// What a cached call needs to run an executable without Python of ours, as JAX's fast-path
 /// data has it (`pxla.MeshExecutableFastpathData`).
 #[pyclass(module = "fastpjit._core", frozen, get_all)]
@@ -24,13 +27,23 @@ pub struct FastPath {
     pub const_args: Vec<Py<PyAny>>,
     /// Whether each flat argument is donated.
     pub donated: Vec<bool>,
+    /// For a pmap across processes, whose calls take and return host-local arrays: the global
+    /// aval and sharding that each flat argument becomes, and the local aval and sharding that
+    /// each output leaf becomes (None for one that stays as it is).
+    pub in_global: Option<Vec<Option<Conversion>>>,
+    pub out_local: Option<Vec<Option<Conversion>>>,
 }
 
 #[pymethods]
 impl FastPath {
     #[new]
-    #[pyo3(signature = (*, executable, out_treedef, out_handlers, in_shardings, kept, const_args, donated))]
+    #[pyo3(signature = (
+        *, executable, out_treedef, out_handlers, in_shardings, kept, const_args, donated,
+        in_global = None, out_local = None,
+    ))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
+        py: Python<'_>,
         executable: Py<PyAny>,
         out_treedef: Py<PyAny>,
         out_handlers: Py<PyList>,
@@ -38,6 +51,8 @@ impl FastPath {
         kept: Vec<bool>,
         const_args: Vec<Py<PyAny>>,
         donated: Vec<bool>,
+        in_global: Option<Vec<Option<Conversion>>>,
+        out_local: Option<Vec<Option<Conversion>>>,
     ) -> PyResult<Self> {
         let inputs = kept.iter().filter(|&&k| k).count();
         if inputs != in_shardings.len() {
@@ -54,6 +69,17 @@ impl FastPath {
                 donated.len()
             )));
         }
+        if in_global.as_ref().is_some_and(|g| g.len() != donated.len()) {
+            return Err(PyValueError::new_err(
+                "FastPath: `in_global` needs one entry per argument",
+            ));
+        }
+        let outputs = out_handlers.bind(py).len();
+        if out_local.as_ref().is_some_and(|l| l.len() != outputs) {
+            return Err(PyValueError::new_err(
+                "FastPath: `out_local` needs one entry per output",
+            ));
+        }
         Ok(Self {
             executable,
             out_treedef,
@@ -62,6 +88,8 @@ impl FastPath {
             kept,
             const_args,
             donated,
+            in_global,
+            out_local,
         })
     }
 }
