@@ -7,12 +7,14 @@ skipped on cached calls); JAX 0.10.2 is the oracle throughout.
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import pickle
 import subprocess
 import sys
 import textwrap
 import threading
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -410,3 +412,62 @@ def test_a_masked_array_fails_like_jax_after_a_plain_array_was_cached():
     with pytest.raises(ValueError) as got:
         ours(masked)
     assert str(got.value) == str(expected.value)
+
+
+# --- pytree nodes that are not builtin containers --------------------------------------------
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class Layer:
+    w: Any
+    b: Any
+    activation: str = dataclasses.field(default="relu", metadata={"static": True})
+
+
+class Pair(NamedTuple):
+    first: Any
+    second: Any
+
+
+class Boxed:
+    """A custom node whose node data is its label."""
+
+    def __init__(self, value: Any, label: str):
+        self.value, self.label = value, label
+
+
+jax.tree_util.register_pytree_node(
+    Boxed, lambda b: ((b.value,), b.label), lambda label, children: Boxed(children[0], label))
+
+
+def combine(tree):
+    leaves = jax.tree.leaves(tree)
+    return sum(jnp.sum(leaf) for leaf in leaves) * len(leaves)
+
+
+def test_registered_nodes_key_by_type_node_data_and_children():
+    ours, theirs = both(combine)
+    x, y = jnp.arange(4.0), jnp.ones(3)
+    trees = [
+        Layer(x, y), Layer(x, y, "tanh"), Layer(y, x), Layer({"k": x, "j": y}, None),
+        Pair(x, y), Pair(x, (y, None)), Pair(Layer(x, y), {"b": y, "a": x}),
+        Boxed(x, "one"), Boxed(x, "two"), Boxed({"z": x, "a": y}, "one"),
+        collections.OrderedDict(b=x, a=y), collections.OrderedDict(a=y, b=x),
+        collections.defaultdict(list, b=x, a=y),
+    ]
+    for tree in (*trees, *trees, *reversed(trees)):
+        assert_same_outputs(ours(tree), theirs(tree))
+    assert ours.cache_size() == theirs._cache_size()
+
+
+def test_a_namedtuple_registered_as_a_custom_node_flattens_as_registered():
+    class Reversed(NamedTuple):
+        a: Any
+        b: Any
+
+    jax.tree_util.register_pytree_node(
+        Reversed, lambda r: ((r.b, r.a), None), lambda _, c: Reversed(c[1], c[0]))
+    ours, theirs = both(lambda r: r.a - 2 * r.b)
+    for r in (Reversed(jnp.arange(3.0), jnp.ones(3)), Reversed(jnp.ones(3), jnp.arange(3.0))):
+        assert_same_outputs(ours(r), theirs(r))

@@ -75,11 +75,12 @@ __all__ = [
     "config_value",
     "consume_with_handlers",
     "copy_to_host_async",
+    "dataclass_fields",
     "device_put_aval",
     "DISABLE_JIT_INDEX",
     "DuplicateSpecError",
     "execute",
-    "flatten_for_dispatch",
+    "flatten_one_level_for_dispatch",
     "gspmd_sharding",
     "GSPMDSharding",
     "hlo_module_proto",
@@ -189,13 +190,14 @@ array_single_device_arrays = vars(ArrayImpl)["_arrays"].fget
 
 # jit: the cache miss that JAX's own C++ dispatcher would run, and what a hit needs.
 
-# What the Rust dispatcher reads on every call: JAX's dispatch flattening, and JAX's jit key,
+# What the Rust dispatcher reads on every call: JAX's dispatch registry (which takes apart the
+# pytree nodes that are not builtin containers), and JAX's jit key,
 # which is the trace context plus the states that only the jit key holds: the trace state (a
 # weak reference to the active trace, so that a call made while a trace is active misses and is
 # staged), set_mesh's concrete mesh (two meshes of one abstract mesh trace alike), the
 # optimization levels. All are C++ objects. `jit_key_state_names` lists them by name for the
 # test that keeps this list complete.
-flatten_for_dispatch = _tree_util.dispatch_registry.flatten
+flatten_one_level_for_dispatch = _tree_util.dispatch_registry.flatten_one_level
 trace_context = _config.trace_context
 jit_key_states = (_core.trace_state, _config.device_context, _config.optimization_level,
                   _config.memory_fitting_level)
@@ -228,6 +230,21 @@ collect_garbage = _jaxlib.collect_garbage
 transfer_guard_thread_state = _guard_lib.thread_local_state
 transfer_guard_global_state = _guard_lib.global_state()
 TRANSFER_GUARD_ALLOW = _guard_lib.TransferGuardLevel.ALLOW
+
+
+def dataclass_fields(kind: type) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+    """The data and meta fields of a class registered with `jax.tree_util.register_dataclass`
+    (JAX's registries take such a node apart by reading those attributes), or None for any
+    other type. JAX keeps the field names only in the closure of its flatten function."""
+    entry = _tree_util._registry.get(kind)
+    flatten = getattr(entry, "to_iter", None)
+    code = getattr(flatten, "__code__", None)
+    if code is None or code.co_freevars != ("data_fields", "meta_fields"):
+        return None
+    if flatten.__qualname__ != "register_dataclass.<locals>.flatten_func":
+        return None
+    data, meta = (cell.cell_contents for cell in flatten.__closure__)
+    return tuple(data), tuple(meta)
 
 
 def jit_key_state_names() -> tuple[str, ...]:

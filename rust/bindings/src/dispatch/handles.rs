@@ -16,7 +16,10 @@ pub struct Handles {
     pub post_hook_state: Py<PyAny>,
     /// Where `jax_disable_jit` sits in the trace context.
     pub disable_jit_index: usize,
-    pub flatten: Py<PyAny>,
+    /// JAX's dispatch registry taking a pytree node apart one level: `(children, data)`.
+    pub flatten_one_level: Py<PyAny>,
+    /// The data and meta fields of a registered dataclass type, or None.
+    pub dataclass_fields: Py<PyAny>,
     pub shard_arg: Py<PyAny>,
     /// Whether an array on one sharding is an executable input on another as it is.
     pub passes_as_is: Py<PyAny>,
@@ -73,7 +76,8 @@ pub fn handles(py: Python<'_>) -> PyResult<&Handles> {
             config_value: get(jax, "config_value")?,
             post_hook_state: get(jax, "post_hook_state")?,
             disable_jit_index: jax.getattr("DISABLE_JIT_INDEX")?.extract()?,
-            flatten: get(jax, "flatten_for_dispatch")?,
+            flatten_one_level: get(jax, "flatten_one_level_for_dispatch")?,
+            dataclass_fields: get(jax, "dataclass_fields")?,
             shard_arg: get(jax, "shard_arg")?,
             passes_as_is: get(jax, "passes_as_is")?,
             consume_with_handlers: get(jax, "consume_with_handlers")?,

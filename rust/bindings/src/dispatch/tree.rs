@@ -1,18 +1,20 @@
 //! The tree of a call's dynamic arguments, flattened in JAX's order. Builtin containers (exact
 //! tuples, lists, dicts, and None, which has no leaves) are read here; every other node (a
-//! namedtuple, a registered class) is flattened by JAX's pytree registry, and its treedef is
-//! kept in the tree. A call usually repeats the tree of the call before it, so a call is first
-//! flattened against a known tree, which reads dicts by their known keys instead of sorting
-//! them again.
+//! namedtuple, a registered class or dataclass) is taken apart one level by JAX's pytree
+//! registry, which gives its children and its node data, and its children are read here in
+//! turn. A call usually repeats the tree of the call before it, so a call is first flattened
+//! against a known tree, which reads dicts by their known keys instead of sorting them again.
 
 use std::hash::{Hash, Hasher};
+use std::sync::Arc;
 
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyTuple};
+use pyo3::types::{PyDict, PyList, PyString, PyTuple, PyType};
 use rustc_hash::FxHasher;
 
 use super::handles::Handles;
+use crate::cache::BoundedCache;
 
 pub enum Node {
     Leaf,
@@ -21,11 +23,61 @@ pub enum Node {
     List(usize),
     /// A dict's keys in JAX's order (sorted).
     Dict(Vec<Py<PyAny>>),
-    /// A subtree that JAX's registry flattened, by its treedef.
-    Custom {
-        treedef: Py<PyAny>,
-        hash: isize,
+    /// An instance of a class registered with `jax.tree_util.register_dataclass`, taken apart
+    /// here as JAX's registry does: its data fields are its children, and the values of its
+    /// meta fields (compared by `==`) are its node data.
+    Dataclass {
+        kind: Py<PyType>,
+        fields: Arc<DataclassFields>,
+        meta: Vec<Py<PyAny>>,
     },
+    /// A node that JAX's registry takes apart: its type, its node data (JAX's treedefs
+    /// compare it by `==`), and how many children it has.
+    Registered {
+        kind: Py<PyType>,
+        data: Py<PyAny>,
+        data_hash: isize,
+        arity: usize,
+    },
+}
+
+/// The attribute names of a registered dataclass.
+pub struct DataclassFields {
+    data: Vec<Py<PyString>>,
+    meta: Vec<Py<PyString>>,
+}
+
+/// The fields of each type seen, by identity (held): `None` for a type that is no registered
+/// dataclass. Types are few and long-lived; the map forgets everything when full.
+static DATACLASSES: BoundedCache<usize, Arc<(Py<PyType>, Option<Arc<DataclassFields>>)>> =
+    BoundedCache::new(256);
+
+fn dataclass_fields(
+    h: &Handles,
+    kind: &Bound<'_, PyType>,
+) -> PyResult<Option<Arc<DataclassFields>>> {
+    let id = kind.as_ptr() as usize;
+    if let Some(known) = DATACLASSES.get(&id) {
+        return Ok(known.1.clone());
+    }
+    let found = h.dataclass_fields.bind(kind.py()).call1((kind,))?;
+    let fields = if found.is_none() {
+        None
+    } else {
+        let (data, meta): (Vec<Bound<'_, PyString>>, Vec<Bound<'_, PyString>>) = found.extract()?;
+        let intern = |names: Vec<Bound<'_, PyString>>| -> PyResult<Vec<Py<PyString>>> {
+            names
+                .iter()
+                .map(|n| Ok(PyString::intern(kind.py(), n.to_str()?).unbind()))
+                .collect()
+        };
+        Some(Arc::new(DataclassFields {
+            data: intern(data)?,
+            meta: intern(meta)?,
+        }))
+    };
+    DATACLASSES.insert(id, Arc::new((kind.clone().unbind(), fields.clone())));
+    Ok(fields)
 }
 
 /// The nodes of each dynamic argument in turn, in preorder.
@@ -77,7 +129,18 @@ impl Tree {
                         key.bind(py).hash()?.hash(&mut hasher);
                     }
                 }
-                Node::Custom { hash, .. } => (5u8, hash).hash(&mut hasher),
+                Node::Registered {
+                    kind,
+                    data_hash,
+                    arity,
+                    ..
+                } => (5u8, kind.as_ptr() as usize, data_hash, arity).hash(&mut hasher),
+                Node::Dataclass { kind, meta, .. } => {
+                    (6u8, kind.as_ptr() as usize, meta.len()).hash(&mut hasher);
+                    for value in meta {
+                        value.bind(py).hash()?.hash(&mut hasher);
+                    }
+                }
             }
         }
         Ok(Self {
@@ -116,9 +179,28 @@ impl Tree {
                 (Node::Dict(a), Node::Dict(b)) => {
                     a.len() == b.len() && all_equal(py, a.iter().zip(b))?
                 }
-                (Node::Custom { treedef: a, .. }, Node::Custom { treedef: b, .. }) => {
-                    a.is(b) || a.bind(py).eq(b.bind(py))?
-                }
+                (
+                    Node::Registered {
+                        kind: a,
+                        data: a_data,
+                        arity: m,
+                        ..
+                    },
+                    Node::Registered {
+                        kind: b,
+                        data: b_data,
+                        arity: n,
+                        ..
+                    },
+                ) => a.is(b) && m == n && (a_data.is(b_data) || a_data.bind(py).eq(b_data)?),
+                (
+                    Node::Dataclass {
+                        kind: a, meta: m, ..
+                    },
+                    Node::Dataclass {
+                        kind: b, meta: n, ..
+                    },
+                ) => a.is(b) && m.len() == n.len() && all_equal(py, m.iter().zip(n))?,
                 _ => false,
             };
             if !same {
@@ -194,23 +276,61 @@ fn derive_into<'py>(
         leaves.push(value.clone());
         return Ok(true);
     }
-    let (found, treedef): (Bound<'py, PyList>, Bound<'py, PyAny>) =
-        h.flatten.bind(py).call1((value,))?.extract()?;
-    if found.len() == 1 && found.get_item(0)?.is(value) {
+    let kind = value.get_type();
+    if let Some(fields) = dataclass_fields(h, &kind)? {
+        let mut meta = Vec::with_capacity(fields.meta.len());
+        for name in &fields.meta {
+            meta.push(value.getattr(name.bind(py))?.unbind());
+        }
+        nodes.push(Node::Dataclass {
+            kind: kind.unbind(),
+            fields: fields.clone(),
+            meta,
+        });
+        for name in &fields.data {
+            if !derive_into(h, &value.getattr(name.bind(py))?, nodes, leaves)? {
+                return Ok(false);
+            }
+        }
+        return Ok(true);
+    }
+    let Some((children, data)) = one_level(h, value)? else {
         // JAX's registry holds it as a leaf, and it is none the dispatcher keys.
         return Ok(false);
-    }
-    nodes.push(Node::Custom {
-        hash: treedef.hash()?,
-        treedef: treedef.unbind(),
+    };
+    let Ok(data_hash) = data.hash() else {
+        return Ok(false);
+    };
+    nodes.push(Node::Registered {
+        kind: value.get_type().unbind(),
+        data: data.unbind(),
+        data_hash,
+        arity: children.len(),
     });
-    for leaf in found.iter() {
-        if !is_leaf_type(h, &leaf) {
+    for child in &children {
+        if !derive_into(h, child, nodes, leaves)? {
             return Ok(false);
         }
-        leaves.push(leaf);
     }
     Ok(true)
+}
+
+/// `value` taken apart one level by JAX's registry: its children and node data; None for a
+/// leaf.
+fn one_level<'py>(
+    h: &Handles,
+    value: &Bound<'py, PyAny>,
+) -> PyResult<Option<(Vec<Bound<'py, PyAny>>, Bound<'py, PyAny>)>> {
+    let py = value.py();
+    let found = h.flatten_one_level.bind(py).call1((value,))?;
+    if found.is_none() {
+        return Ok(None);
+    }
+    let (children, data): (Bound<'py, PyAny>, Bound<'py, PyAny>) = found.extract()?;
+    let children = children
+        .try_iter()?
+        .collect::<PyResult<Vec<Bound<'py, PyAny>>>>()?;
+    Ok(Some((children, data)))
 }
 
 /// Whether JAX's registry can only hold `value` as a leaf: a `jaxlib` array, a numpy array
@@ -278,20 +398,40 @@ fn flatten_into<'a, 'py>(
             }
             Ok(true)
         }
-        Node::Custom { treedef, .. } => {
-            if value.is_none()
-                || value.is_exact_instance_of::<PyTuple>()
-                || value.is_exact_instance_of::<PyList>()
-                || value.is_exact_instance_of::<PyDict>()
-            {
+        Node::Dataclass { kind, fields, meta } => {
+            if !value.get_type().is(kind) {
                 return Ok(false);
             }
-            let (found, found_treedef): (Bound<'py, PyList>, Bound<'py, PyAny>) =
-                h.flatten.bind(py).call1((value,))?.extract()?;
-            if !(found_treedef.is(treedef) || found_treedef.eq(treedef.bind(py))?) {
+            for (name, expected) in fields.meta.iter().zip(meta) {
+                let found = value.getattr(name.bind(py))?;
+                if !(found.is(expected) || found.eq(expected.bind(py))?) {
+                    return Ok(false);
+                }
+            }
+            for name in &fields.data {
+                if !flatten_into(h, nodes, &value.getattr(name.bind(py))?, leaves)? {
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        }
+        Node::Registered {
+            kind, data, arity, ..
+        } => {
+            if !value.get_type().is(kind) {
                 return Ok(false);
             }
-            leaves.extend(found.iter());
+            let Some((children, found)) = one_level(h, value)? else {
+                return Ok(false);
+            };
+            if children.len() != *arity || !(found.is(data) || found.eq(data.bind(py))?) {
+                return Ok(false);
+            }
+            for child in &children {
+                if !flatten_into(h, nodes, child, leaves)? {
+                    return Ok(false);
+                }
+            }
             Ok(true)
         }
     }
