@@ -7,7 +7,12 @@ the shard and unshard work done in Rust.
 from __future__ import annotations
 
 from fastpjit._core import __version__, reset_stats, set_host_pool_limit, stats
-from fastpjit.errors import DuplicateSpecError, IndivisibleError, ShardingRankError
+from fastpjit.errors import (
+    DuplicateSpecError,
+    IndivisibleError,
+    NoPlacementError,
+    ShardingRankError,
+)
 from fastpjit.jit import jit, pjit
 from fastpjit.pmap import pmap
 from fastpjit.sharding import (
@@ -23,6 +28,7 @@ from fastpjit.transfer import device_get, device_put
 __all__ = [
     "DuplicateSpecError",
     "IndivisibleError",
+    "NoPlacementError",
     "ShardingRankError",
     "__version__",
     "addressable_devices_indices_map",
