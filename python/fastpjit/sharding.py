@@ -47,5 +47,6 @@ def parse_hlo_sharding(text: str, devices: Sequence[Any]) -> _jax.GSPMDSharding:
     try:
         return _jax.gspmd_sharding(devices, canonical)
     except JaxRuntimeError as e:
-        # Our parser is more lenient than XLA's in places; report XLA's verdict the same way.
+        # A guard: the parser reads XLA's grammar, and the fuzz tests find no text that it reads
+        # and XLA refuses; should XLA refuse one, its verdict is reported the same way.
         raise ValueError(f"XLA rejects the HLO sharding {text!r}: {e}") from e
