@@ -581,8 +581,10 @@ DELIBERATE_REFUSALS = (
     "either device ids or an iota order", "more than one device for a tiled sharding",
 )
 
-VALID_TEXTS = [text for text, _, _ in CASES] + UNREDUCED + NO_INDEX_MAP_LIKE_JAX + [
-    text for text, _ in XLA_ACCEPTS] + [
+# Texts to mutate: valid ones, and ones that XLA crashes on or reads as nonsense, whose
+# neighbours are likely to be such texts too.
+SEED_TEXTS = [text for text, _, _ in CASES] + UNREDUCED + NO_INDEX_MAP_LIKE_JAX + [
+    text for text, _ in XLA_ACCEPTS] + XLA_CRASHES_ON + XLA_READS_NONSENSE + [
     "{{replicated}, {maximal device=0}}",
     "{devices=[2,2,2]<=[2,2,2]T(0,2,1) last_tile_dims={unreduced, replicated}}",
 ]
@@ -592,14 +594,16 @@ TOKENS = [
     "replicated", "manual", "unreduced", "unknown", "last_tile_dim_replicate",
     "last_tile_dims={", "metadata={", "op_name=", "source_line=", '"', "'", "\\", "\\x4", "é",
     "\u2028", "\x00", "\t", "\n", "/*", "*/", "//", "T(0)", "T(1,0)", "<=[2,4]", "{}",
-    " shard_as 1", " shard_like 0", "3", "0,1,2,3",
+    " shard_as 1", " shard_like 0", "3", "0,1,2,3", " last_tile_dims={replicated}",
+    " last_tile_dims={unreduced, replicated}", " last_tile_dims={manual}", " device=1", "<=[",
+    "[2,14]", "maximal", "{maximal device=1}",
 ]
 
 
 @st.composite
 def mutated_texts(draw):
-    """A valid text with a few random edits: tokens inserted, characters cut, pieces spliced."""
-    text = draw(st.sampled_from(VALID_TEXTS))
+    """A seed text with a few random edits: tokens inserted, characters cut, pieces spliced."""
+    text = draw(st.sampled_from(SEED_TEXTS))
     for _ in range(draw(st.integers(1, 4))):
         i = draw(st.integers(0, len(text)))
         j = draw(st.integers(i, min(len(text), i + 6)))
@@ -611,7 +615,7 @@ def mutated_texts(draw):
         elif edit == "replace":
             text = text[:i] + draw(st.sampled_from(TOKENS)) + text[j:]
         elif edit == "splice":
-            other = draw(st.sampled_from(VALID_TEXTS))
+            other = draw(st.sampled_from(SEED_TEXTS))
             k = draw(st.integers(0, len(other)))
             text = text[:i] + other[k:]
         elif edit == "repeat":
