@@ -683,6 +683,10 @@ def test_any_text_reads_like_xla(text):
 @given(mutated_texts())
 @example("{{replicated},{}}")
 @example("{devices=[2,14]<=[8] last_tile_dim_replicate}")
+# Found by this test: XLA reads a NUL byte as the end of the text, and ends a line comment at a
+# carriage return.
+@example("{ /*\x00 a comment */ devices=[4,2]<=[8] // to the end of the line\n}")
+@example("{replicated // a\rb\n}")
 def test_mutated_text_reads_like_xla(text):
     assert_reads_like_xla(text)
 

@@ -49,19 +49,25 @@ impl<'a> Lexer<'a> {
         &self.text.as_bytes()[self.pos..]
     }
 
-    /// Skips spaces and comments; an unterminated `/*` is left for `next` to reject.
+    /// Skips spaces and comments; an unterminated `/*` is left for `next` to reject. As in XLA,
+    /// whose lexer reads a NUL byte as the end of the text, a NUL ends a comment unterminated,
+    /// and a line comment ends at a carriage return too.
     fn skip_space(&mut self) {
         loop {
             let rest = self.bytes();
             match rest {
                 [b' ' | b'\t' | b'\n' | b'\r', ..] => self.pos += 1,
                 [b'/', b'/', ..] => {
-                    self.pos += rest.iter().position(|&c| c == b'\n').unwrap_or(rest.len());
+                    let end = rest.iter().position(|&c| matches!(c, b'\n' | b'\r' | 0));
+                    self.pos += end.unwrap_or(rest.len());
                 }
-                [b'/', b'*', tail @ ..] => match tail.windows(2).position(|w| w == b"*/") {
-                    Some(end) => self.pos += 2 + end + 2,
-                    None => return,
-                },
+                [b'/', b'*', tail @ ..] => {
+                    let end = tail.windows(2).position(|w| w == b"*/");
+                    match end.filter(|&end| !tail[..end].contains(&0)) {
+                        Some(end) => self.pos += 2 + end + 2,
+                        None => return,
+                    }
+                }
                 _ => return,
             }
         }
@@ -297,7 +303,8 @@ mod tests {
     #[test]
     fn malformed_tokens_are_errors() {
         for text in [
-            "1.5", "1e3", "2x4", "1_2", "-", "/* open", "/", "é", "\"open", "< =",
+            "1.5", "1e3", "2x4", "1_2", "-", "/* open", "/", "é", "\"open", "< =", "/* \0 */",
+            "// a\0b",
         ] {
             assert!(
                 matches!(tokens(text).last(), Some(Token::Error(_))),
@@ -305,6 +312,11 @@ mod tests {
                 tokens(text)
             );
         }
+    }
+
+    #[test]
+    fn a_line_comment_ends_at_a_carriage_return() {
+        assert_eq!(tokens("// a\rb"), vec![Token::Ident("b"), Token::Eof]);
     }
 
     #[test]
