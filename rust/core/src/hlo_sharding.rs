@@ -53,7 +53,7 @@ pub enum HloSharding {
 
 impl HloSharding {
     /// Parses the attribute text, e.g. `{devices=[2,1,4]<=[8] last_tile_dim_replicate}`, as
-    /// XLA's parser does (see [`crate::hlo_parser`]).
+    /// XLA's parser does (see `hlo_parser.rs`).
     pub fn parse(text: &str) -> Result<Self, ShardingError> {
         crate::hlo_parser::parse(text)
     }
