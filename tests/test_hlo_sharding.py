@@ -487,6 +487,7 @@ XLA_REJECTS = [
     "{devices=[8]0,1,2,3,4,5,6,7x}",
     "{devices=[8]<=[8] metadata={op_name=\"a\\qb\"}}",
     "{devices=[8]<=[8] metadata={source_line=2147483648}}",
+    "{devices=[8]<=[8] metadata={profile_type={4}}}",
     "{devices=[8]<=[8] metadata={op_name=\"a\" op_name=\"b\"}}",
     "{{{replicated}}}",
     "{replicated devices=[8]<=[8] device=0}",
@@ -572,11 +573,12 @@ def test_an_empty_device_list_raises_value_error():
 # --- Fuzzing against XLA's parser ----------------------------------------------------------
 
 # Text that XLA's parser takes and fastpjit's refuses on purpose, by the words of its error:
-# numbers below zero or past 2**63-1 (XLA wraps them), tile dims of zero, explicit device lists
+# numbers below zero or past 2**63-1 (XLA wraps them), tile dims of zero, tile grids of 2**64
+# tiles or more (XLA's count overflows), explicit device lists
 # that don't fill the tile grid (XLA copies past its array), iota transposes that are not
 # permutations, `device=` mixed with an iota order, and the named mesh form.
 DELIBERATE_REFUSALS = (
-    "a non-negative integer below 2**63", "tile dimensions of at least 1",
+    "a non-negative integer below 2**63", "tile dimensions of at least 1", "fewer than 2**64",
     "devices for the tile grid", "a valid iota order", "named mesh form",
     "either device ids or an iota order", "more than one device for a tiled sharding",
 )
@@ -687,6 +689,8 @@ def test_any_text_reads_like_xla(text):
 # carriage return.
 @example("{ /*\x00 a comment */ devices=[4,2]<=[8] // to the end of the line\n}")
 @example("{replicated // a\rb\n}")
+@example("{devices=[9,9999999,999999999999999998]<=[8]}")
+@example("{devices=[8]<=[8] metadata={profile_type={31}}}")
 def test_mutated_text_reads_like_xla(text):
     assert_reads_like_xla(text)
 

@@ -337,15 +337,25 @@ impl<'a> Parser<'a> {
             } else if METADATA_INT32S.contains(&name) {
                 self.int_in(i32::MIN.into(), i32::MAX.into(), "a 32-bit integer")?;
             } else {
-                self.expect(&Token::LBrace, "'{'")?;
-                if self.token != Token::RBrace {
-                    self.counts(&mut Vec::new())?;
-                }
-                self.expect(&Token::RBrace, "'}'")?;
+                self.profile_types()?;
             }
         }
         self.advance();
         Ok(())
+    }
+
+    /// `{` values of XLA's `ProfileType` enum (0 to 3) `}`.
+    fn profile_types(&mut self) -> Result<(), ShardingError> {
+        self.expect(&Token::LBrace, "'{'")?;
+        if self.token != Token::RBrace {
+            loop {
+                self.int_in(0, 3, "a profile type (0 to 3)")?;
+                if !self.eat(&Token::Comma) {
+                    break;
+                }
+            }
+        }
+        self.expect(&Token::RBrace, "'}'")
     }
 
     /// The sharding that the clauses describe, checked as XLA checks it and where XLA would

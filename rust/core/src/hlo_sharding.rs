@@ -427,6 +427,7 @@ mod tests {
                 39,
             ),
             ("{devices=[2]0,1 metadata={source_line=2147483648}}", 39),
+            ("{devices=[2]0,1 metadata={profile_type={3,4}}}", 43),
             ("{devices=[2]0,1 metadata={op_name=\"x\"} x}", 40),
             ("{{replicated},}", 15),
             ("{{{replicated}}}", 3),
