@@ -29,6 +29,7 @@ from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, SingleDevi
 from jax.sharding import PartitionSpec as P
 
 import fastpjit
+from fastpjit.sharding import device_placement_map
 
 AXIS_NAMES = ("x", "y", "z", "w")
 
@@ -428,9 +429,11 @@ def overlong_specs(draw):
     return NamedSharding(mesh, spec), tuple(draw(st.integers(1, 4)) for _ in range(rank))
 
 
-def test_sharding_rank_error_is_a_value_and_an_index_error():
-    assert issubclass(fastpjit.ShardingRankError, ValueError)
-    assert issubclass(fastpjit.ShardingRankError, IndexError)
+def test_sharding_rank_error_is_each_error_jax_raises_for_a_wrong_rank():
+    # IndexError (NamedSharding), AssertionError (GSPMDSharding, device_put onto an Explicit
+    # mesh), ValueError (device_put onto an Auto mesh).
+    for base in (ValueError, IndexError, AssertionError):
+        assert issubclass(fastpjit.ShardingRankError, base)
 
 
 @given(overlong_specs())
@@ -528,13 +531,52 @@ EXPLICIT_AND_MANUAL = jax.make_mesh(
 ALL_MANUAL = jax.make_mesh((2, 4), ("x", "y"), axis_types=(AxisType.Manual,) * 2)
 
 
+MESH_2x2x2_EXPLICIT = jax.make_mesh((2, 2, 2), ("x", "y", "z"),
+                                   axis_types=(AxisType.Explicit,) * 3, devices=DEVICES[::-1])
+UNREDUCED_SHARDINGS = [
+    NamedSharding(MESH_EXPLICIT, P(None, "y", unreduced={"x"})),
+    NamedSharding(MESH_EXPLICIT, P("x", None, unreduced={"y"})),
+    NamedSharding(MESH_EXPLICIT, P(unreduced={"x", "y"})),
+    NamedSharding(MESH_2x2x2_EXPLICIT, P("x", None, unreduced={"y"})),
+    NamedSharding(MESH_2x2x2_EXPLICIT, P(("z", "x"), unreduced={"y"})),
+    NamedSharding(MESH_2x2x2_EXPLICIT, P(None, "y", unreduced={"z", "x"})),
+]
+
+
+@pytest.mark.parametrize("sharding", UNREDUCED_SHARDINGS, ids=lambda s: str(s.spec))
 @pytest.mark.parametrize("function", INDEX_MAP_FUNCTIONS, ids=lambda f: f.__name__)
-def test_unreduced_axes_raise_not_implemented_like_jax(function):
-    sharding = NamedSharding(MESH_EXPLICIT, P(None, "y", unreduced={"x"}))
+def test_unreduced_axes_have_a_shard_shape_but_no_index_map_like_jax(function, sharding):
+    shape = (8, 8)
     with pytest.raises(NotImplementedError):
-        sharding.devices_indices_map((8, 8))
-    with pytest.raises(NotImplementedError):
-        function(sharding, (8, 8))
+        sharding.devices_indices_map(shape)
+    if function is fastpjit.shard_shape:
+        assert function(sharding, shape) == sharding.shard_shape(shape)
+    else:
+        with pytest.raises(NotImplementedError, match="unreduced"):
+            function(sharding, shape)
+
+
+@pytest.mark.parametrize("sharding", UNREDUCED_SHARDINGS, ids=lambda s: str(s.spec))
+def test_unreduced_placement_is_that_of_the_lowered_sharding(sharding):
+    # JAX lowers the NamedSharding to an HloSharding with unreduced subgroups; both place each
+    # device's partial sum alike (the members are checked against XLA's tile assignment in
+    # test_hlo_sharding).
+    shape = (8, 8)
+    lowered = GSPMDSharding(tuple(sharding.mesh.devices.flat), sharding._to_xla_hlo_sharding(2))
+    placement = device_placement_map(sharding, shape)
+    assert placement == device_placement_map(lowered, shape)
+    assert list(placement) == list(sharding.mesh.devices.flat)
+    # The bounds are those of the same spec with the unreduced axes replicated.
+    replicated = NamedSharding(sharding.mesh, P(*sharding.spec.partitions))
+    assert {d: index for d, (index, _) in placement.items()} == replicated.devices_indices_map(
+        shape)
+    # Each tile's devices hold every partial sum equally often.
+    sums = math.prod(sharding.mesh.shape[a] for a in sharding.spec.unreduced)
+    by_tile = defaultdict(Counter)
+    for index, member in placement.values():
+        by_tile[tuple((s.start, s.stop) for s in index)][member] += 1
+    for members in by_tile.values():
+        assert set(members) == set(range(sums)) and len(set(members.values())) == 1
 
 
 @pytest.mark.parametrize(

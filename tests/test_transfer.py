@@ -666,19 +666,49 @@ def test_non_array_leaves_raise_type_error_naming_the_type(leaf, type_name):
                       match=rf"type {type_name}\b")
 
 
-def test_ranks_that_do_not_fit_the_sharding_raise_value_error():
-    # JAX raises an AssertionError for some of these, a ValueError for others; fastpjit raises
-    # fastpjit.ShardingRankError, a ValueError (and an IndexError, what NamedSharding raises).
-    named = NamedSharding(MESH_2x4, P("x", "y"))
-    gspmd = fastpjit.parse_hlo_sharding("{devices=[2,4]<=[8]}", DEVICES)
-    for target, x in ((named, np.zeros(8)), (named, 1.0), (named, np.float32(1)),
-                      (gspmd, np.zeros(8)), (gspmd, np.zeros((8, 4, 2)))):
-        before = live_arrays()
-        with pytest.raises((ValueError, AssertionError)):
-            jax.device_put(x, target)
-        with pytest.raises(fastpjit.ShardingRankError, match="rank"):
-            fastpjit.device_put(x, target)
-        assert_no_new_arrays(before)
+EXPLICIT_2x4 = jax.make_mesh((2, 4), ("x", "y"), axis_types=(AxisType.Explicit,) * 2)
+
+
+@pytest.mark.parametrize("target, x", [
+    (NamedSharding(MESH_2x4, P("x", "y")), np.zeros(8)),
+    (NamedSharding(MESH_2x4, P("x", "y")), 1.0),
+    (NamedSharding(MESH_2x4, P("x", "y")), np.float32(1)),
+    (NamedSharding(EXPLICIT_2x4, P("x")), np.float32(1)),
+    (NamedSharding(EXPLICIT_2x4, P("x")), 1.0),
+    (NamedSharding(EXPLICIT_2x4, P("x")), np.array(1, np.int32)),
+    (NamedSharding(EXPLICIT_2x4, P("x", "y")), np.zeros(8)),
+    (fastpjit.parse_hlo_sharding("{devices=[2,4]<=[8]}", DEVICES), np.zeros(8)),
+    (fastpjit.parse_hlo_sharding("{devices=[2,4]<=[8]}", DEVICES), np.zeros((8, 4, 2))),
+], ids=lambda v: repr(v)[:60])
+def test_ranks_that_do_not_fit_the_sharding_raise_jaxs_error(target, x):
+    # JAX raises a ValueError onto an Auto mesh and an AssertionError onto an Explicit one (a
+    # rank-0 value onto P('x')) and for a GSPMDSharding; fastpjit's ShardingRankError is both.
+    before = live_arrays()
+    with pytest.raises((ValueError, AssertionError)) as theirs:
+        jax.device_put(x, target)
+    with pytest.raises(type(theirs.value)):
+        fastpjit.device_put(x, target)
+    with pytest.raises(fastpjit.ShardingRankError, match="rank"):
+        fastpjit.device_put(x, target)
+    assert_no_new_arrays(before)
+
+
+def test_device_put_onto_unreduced_axes_is_jaxs():
+    # JAX places a value onto unreduced axes with a jit of its own; fastpjit hands it to JAX.
+    target = NamedSharding(EXPLICIT_2x4, P(None, "y", unreduced={"x"}))
+    x = np.arange(32.0, dtype=np.float32).reshape(4, 8)
+    theirs = jax.device_put(x, target)
+    fastpjit.reset_stats()
+    ours = fastpjit.device_put(x, target)
+    assert ours.sharding == theirs.sharding == target
+    for a, b in zip(ours.addressable_shards, theirs.addressable_shards, strict=True):
+        assert a.device == b.device
+        np.testing.assert_array_equal(a.data, b.data)
+    assert fastpjit.stats()["fallbacks"] == {"device_put: unreduced target sharding": 1}
+    with pytest.raises(NotImplementedError):
+        jax.device_get(theirs)
+    with pytest.raises(NotImplementedError):
+        fastpjit.device_get(ours)
 
 
 @pytest.mark.parametrize("shape, spec", [((3, 4), P("x")), ((8, 6), P(None, "y")),

@@ -11,7 +11,12 @@ from __future__ import annotations
 
 from fastpjit import _launched
 from fastpjit._core import __version__, reset_stats, set_host_pool_limit, stats
-from fastpjit.errors import DuplicateSpecError, IndivisibleError, ShardingRankError
+from fastpjit.errors import (
+    DuplicateSpecError,
+    IndivisibleError,
+    NoPlacementError,
+    ShardingRankError,
+)
 from fastpjit.hlo import compile_hlo
 from fastpjit.jit import jit, pjit
 from fastpjit.pmap import pmap
@@ -33,6 +38,7 @@ _launched.install()
 __all__ = [
     "DuplicateSpecError",
     "IndivisibleError",
+    "NoPlacementError",
     "ShardingRankError",
     "__version__",
     "addressable_devices_indices_map",

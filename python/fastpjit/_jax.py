@@ -595,9 +595,9 @@ def _xla_shardings(op_shardings: Any, memory_kinds: list[str | None],
 
 def _checked_shardings(shardings: Sequence[Any], xla: list[Any] | None,
                        avals: Sequence[Any], what: str) -> list[Any]:
-    """The user's shardings where given, each checked against XLA's by their index maps, and
-    XLA's where not."""
-    from fastpjit.sharding import devices_indices_map
+    """The user's shardings where given, each checked against XLA's by where they place data
+    (index maps, and the partial sums of unreduced shardings), and XLA's where not."""
+    from fastpjit.sharding import device_placement_map
 
     if xla is None:
         return list(shardings)
@@ -607,8 +607,8 @@ def _checked_shardings(shardings: Sequence[Any], xla: list[Any] | None,
             out.append(chosen)
             continue
         if (aval.size != 0 and not chosen._to_xla_hlo_sharding(aval.ndim).is_manual()
-                and (devices_indices_map(chosen, aval.shape)
-                     != devices_indices_map(given, aval.shape)
+                and (device_placement_map(chosen, aval.shape)
+                     != device_placement_map(given, aval.shape)
                      or (what == "output" and chosen.memory_kind != given.memory_kind))):
             raise AssertionError(
                 f"Unexpected XLA sharding override: (XLA) {chosen} != {given} (User {what})")

@@ -4,11 +4,20 @@ from __future__ import annotations
 
 from fastpjit._jax import DuplicateSpecError, IndivisibleError
 
-__all__ = ["DuplicateSpecError", "IndivisibleError", "ShardingRankError"]
+__all__ = ["DuplicateSpecError", "IndivisibleError", "NoPlacementError", "ShardingRankError"]
 
 
-class ShardingRankError(ValueError, IndexError):
-    """A sharding partitions more dimensions than the array has.
+class ShardingRankError(ValueError, IndexError, AssertionError):
+    """A sharding partitions more dimensions than the array has, or fewer.
 
-    JAX raises an IndexError (NamedSharding) for this misuse, so the error is one too.
+    JAX raises an IndexError for this misuse of a NamedSharding, an AssertionError for a
+    GSPMDSharding and for device_put onto an Explicit mesh, and a ValueError for device_put onto
+    an Auto mesh, so this error is all three.
+    """
+
+
+class NoPlacementError(NotImplementedError, AssertionError):
+    """A sharding that says nothing of where data lies ({manual}, {unknown}) has no index map.
+
+    JAX fails an assertion on the index maps of these, so the error is an AssertionError too.
     """

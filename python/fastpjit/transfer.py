@@ -12,7 +12,7 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import Sharding, SingleDeviceSharding
+from jax.sharding import NamedSharding, Sharding, SingleDeviceSharding
 
 from fastpjit import _core, _jax
 
@@ -60,6 +60,9 @@ def device_put(
     sharding = _target_sharding(device)
     if sharding is None:
         return _fallback(f"device_put: target of type {type(device).__name__}", x, device)
+    if isinstance(sharding, NamedSharding) and sharding.spec.unreduced:
+        # JAX places values onto unreduced axes with a jit of its own.
+        return _fallback("device_put: unreduced target sharding", x, device)
     if _jax.tracing():
         # Under jit, grad or vmap, JAX binds its device_put primitive, for tracers and host
         # values alike.

@@ -10,6 +10,7 @@ use pyo3::types::PyType;
 static INDIVISIBLE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static DUPLICATE_SPEC: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static RANK: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static NO_PLACEMENT: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 
 fn error_class<'py>(
     py: Python<'py>,
@@ -59,6 +60,9 @@ pub fn sharding_error(
         }
         ShardingError::Rank { .. } => raise(&RANK, "ShardingRankError", format!("{about}{err}")),
         ShardingError::Unsupported(_) => PyNotImplementedError::new_err(format!("{about}{err}")),
+        ShardingError::NoPlacement(_) => {
+            raise(&NO_PLACEMENT, "NoPlacementError", format!("{about}{err}"))
+        }
         ShardingError::UnknownAxis { .. }
         | ShardingError::Parse { .. }
         | ShardingError::Invalid(_) => PyValueError::new_err(format!("{about}{err}")),

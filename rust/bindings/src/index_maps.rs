@@ -4,7 +4,7 @@ use std::mem::MaybeUninit;
 
 use fastpjit_core::{HloSharding, IndexMap};
 use numpy::{PyArray3, PyArrayMethods};
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::{PyNotImplementedError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PySlice, PyString, PyTuple};
 use pyo3::{ffi, intern};
@@ -12,14 +12,35 @@ use pyo3::{ffi, intern};
 use crate::errors::sharding_error;
 use crate::sharding::{view, ShardingView};
 
-/// The index map of `sharding` over `global_shape`, with its view.
-fn index_map<'py>(
+/// The index map of `sharding` over `global_shape`, with its view; unreduced shardings
+/// included, whose devices hold partial sums of their tiles.
+fn placement<'py>(
     sharding: &Bound<'py, PyAny>,
     global_shape: &[usize],
 ) -> PyResult<(ShardingView<'py>, IndexMap)> {
     let view = view(sharding, global_shape.len())?;
     let map = IndexMap::new(&view.layout, global_shape, view.num_devices)
         .map_err(|e| sharding_error(sharding.py(), &e, Some(sharding)))?;
+    Ok((view, map))
+}
+
+/// The index map of `sharding` over `global_shape`, with its view: where each device's slice
+/// of the array lies. As in JAX, an unreduced sharding has none, since its devices hold partial
+/// sums rather than slices.
+fn index_map<'py>(
+    sharding: &Bound<'py, PyAny>,
+    global_shape: &[usize],
+) -> PyResult<(ShardingView<'py>, IndexMap)> {
+    let (view, map) = placement(sharding, global_shape)?;
+    if map.unreduced() > 1 {
+        let about = sharding
+            .repr()
+            .map_or_else(|_| String::new(), |r| format!("{r}: "));
+        return Err(PyNotImplementedError::new_err(format!(
+            "{about}devices_indices_map is not defined for an unreduced sharding: its devices \
+             hold partial sums of their slices, whose sum is the array"
+        )));
+    }
     Ok((view, map))
 }
 
@@ -252,15 +273,37 @@ pub fn addressable_devices_indices_map<'py>(
     indices_dict(sharding, &shape_arg(global_shape)?, true)
 }
 
-/// The shape of each shard, equal to JAX's `sharding.shard_shape`.
+/// The shape of each shard, equal to JAX's `sharding.shard_shape` (unreduced shardings
+/// included).
 #[pyfunction]
 pub fn shard_shape<'py>(
     py: Python<'py>,
     sharding: &Bound<'py, PyAny>,
     global_shape: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyTuple>> {
-    let (_, map) = index_map(sharding, &shape_arg(global_shape)?)?;
+    let (_, map) = placement(sharding, &shape_arg(global_shape)?)?;
     PyTuple::new(py, map.shard_shape())
+}
+
+/// `{device: (index, partial sum)}`: the slice of the array that each device's data covers,
+/// as `devices_indices_map` gives it, and which of that slice's partial sums the device holds
+/// (0 for every device of a sharding that is not unreduced). Two shardings place data alike
+/// exactly when these are equal.
+#[pyfunction]
+pub fn device_placement_map<'py>(
+    py: Python<'py>,
+    sharding: &Bound<'py, PyAny>,
+    global_shape: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let (view, map) = placement(sharding, &shape_arg(global_shape)?)?;
+    let devices = devices_of(&view)?;
+    let (positions, indices) = indices_of(py, &map, devices, false)?;
+    let out = presized_dict(py, positions.len())?;
+    for position in positions {
+        let index = indices.get(map.tile_of_device()[position]);
+        out.set_item(&devices[position], (index, map.member_of_device(position)))?;
+    }
+    Ok(out)
 }
 
 /// `{device: replica id}`: devices that hold the same data count up from 0 in device order.
@@ -303,11 +346,19 @@ pub fn indices_array<'py>(
     Ok(out)
 }
 
-/// Checks HLO sharding text against a device count and returns it in canonical form.
+/// Reads HLO sharding text and returns it in canonical form; with a device count, checks that
+/// it shards one array over that many devices.
 #[pyfunction]
-pub fn canonical_hlo_sharding(py: Python<'_>, text: &str, num_devices: usize) -> PyResult<String> {
+#[pyo3(signature = (text, num_devices))]
+pub fn canonical_hlo_sharding(
+    py: Python<'_>,
+    text: &str,
+    num_devices: Option<usize>,
+) -> PyResult<String> {
     let hlo = HloSharding::parse(text).map_err(|e| sharding_error(py, &e, None))?;
-    hlo.check_for_array(num_devices)
-        .map_err(|e| sharding_error(py, &e, None))?;
+    if let Some(num_devices) = num_devices {
+        hlo.check_for_array(num_devices)
+            .map_err(|e| sharding_error(py, &e, None))?;
+    }
     Ok(hlo.to_string())
 }

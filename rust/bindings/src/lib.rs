@@ -31,6 +31,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(index_maps::shard_shape, m)?)?;
     m.add_function(wrap_pyfunction!(index_maps::device_replica_id_map, m)?)?;
     m.add_function(wrap_pyfunction!(index_maps::indices_array, m)?)?;
+    m.add_function(wrap_pyfunction!(index_maps::device_placement_map, m)?)?;
     m.add_function(wrap_pyfunction!(index_maps::canonical_hlo_sharding, m)?)?;
     m.add_function(wrap_pyfunction!(transfer::device_put_leaf, m)?)?;
     m.add_function(wrap_pyfunction!(transfer::device_get_leaf, m)?)?;

@@ -55,10 +55,10 @@ pub fn view<'py>(sharding: &Bound<'py, PyAny>, ndim: usize) -> PyResult<Sharding
         .getattr(intern!(py, "hlo_parts"))?
         .call1((sharding, ndim))?;
     let (text, devices): (String, Vec<Bound<'py, PyAny>>) = parts.extract()?;
-    let layout = HloSharding::parse(&text)
-        .and_then(|hlo| hlo.to_layout())
-        .map_err(|e| sharding_error(py, &e, Some(sharding)))?;
     let num_devices = devices.len();
+    let layout = HloSharding::parse(&text)
+        .and_then(|hlo| hlo.to_layout(ndim, num_devices))
+        .map_err(|e| sharding_error(py, &e, Some(sharding)))?;
     Ok(ShardingView {
         layout,
         devices: Some(devices),
@@ -70,11 +70,6 @@ fn named_view<'py>(sharding: &Bound<'py, PyAny>, ndim: usize) -> PyResult<Shardi
     let py = sharding.py();
     let mesh = sharding.getattr(intern!(py, "mesh"))?;
     let spec = sharding.getattr(intern!(py, "spec"))?;
-    if spec.getattr(intern!(py, "unreduced"))?.len()? > 0 {
-        return Err(PyNotImplementedError::new_err(
-            "devices_indices_map is not defined for a sharding with unreduced axes",
-        ));
-    }
     if mesh.getattr(intern!(py, "manual_axes"))?.len()? > 0 {
         return Err(PyNotImplementedError::new_err(
             "devices_indices_map is not defined for a mesh with manual axes",
@@ -105,7 +100,9 @@ fn named_view<'py>(sharding: &Bound<'py, PyAny>, ndim: usize) -> PyResult<Shardi
         axis_name(name)
     };
     let unconstrained = spec.get_type().getattr(intern!(py, "UNCONSTRAINED"))?;
+    // `partitions`, not the spec itself: iterating a spec with unreduced axes is an error.
     let dims = spec
+        .getattr(intern!(py, "partitions"))?
         .try_iter()?
         .map(|entry| {
             let entry = entry?;
@@ -118,11 +115,17 @@ fn named_view<'py>(sharding: &Bound<'py, PyAny>, ndim: usize) -> PyResult<Shardi
             }
         })
         .collect::<PyResult<Vec<_>>>()?;
+    let unreduced = spec
+        .getattr(intern!(py, "unreduced"))?
+        .try_iter()?
+        .map(|name| resolve(&name?))
+        .collect::<PyResult<Vec<_>>>()?;
     let logical: Option<Vec<usize>> = private(py)?
         .getattr(intern!(py, "logical_device_ids"))?
         .call1((sharding,))?
         .extract()?;
     let layout = NamedSpec::new(dims)
+        .with_unreduced(unreduced)
         .to_layout(&axes, ndim, logical.as_deref())
         .map_err(|e| sharding_error(py, &e, Some(sharding)))?;
     let abstract_mesh = ABSTRACT_MESH.import(py, "jax.sharding", "AbstractMesh")?;

@@ -31,8 +31,12 @@ pub enum ShardingError {
         expected: String,
         text: String,
     },
-    /// A well-formed sharding that has no index map in JAX either (manual, unreduced, tuple).
+    /// A well-formed sharding that has no index map in JAX either (manual subgroups, unreduced,
+    /// tuple).
     Unsupported(String),
+    /// A sharding that says nothing of where data lies (fully manual, unknown); JAX fails an
+    /// assertion on its index maps.
+    NoPlacement(String),
     /// Anything else that is inconsistent (device counts, device lists).
     Invalid(String),
 }
@@ -82,7 +86,9 @@ impl fmt::Display for ShardingError {
                 f,
                 "invalid HLO sharding at column {column}: expected {expected} in {text:?}"
             ),
-            Self::Unsupported(msg) | Self::Invalid(msg) => f.write_str(msg),
+            Self::Unsupported(msg) | Self::NoPlacement(msg) | Self::Invalid(msg) => {
+                f.write_str(msg)
+            }
         }
     }
 }

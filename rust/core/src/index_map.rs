@@ -36,6 +36,10 @@ pub struct IndexMap {
     tile_of_device: Vec<usize>,
     /// Whether device position k holds tile k, for every k.
     tiles_in_order: bool,
+    /// How many partial sums of each tile there are (1: none is unreduced).
+    unreduced: usize,
+    /// Which partial sum each device position holds; empty where nothing is unreduced.
+    member_of_device: Vec<usize>,
 }
 
 impl IndexMap {
@@ -48,11 +52,23 @@ impl IndexMap {
         layout.check(shape.len(), num_devices)?;
         let partitions = layout.partitions(shape.len());
         let shard_shape = shard_shape(shape, &partitions)?;
+        let unreduced = layout.unreduced();
         let (tile_of_device, tiles_in_order) = match layout {
             TileLayout::Replicated => (vec![0; num_devices], num_devices <= 1),
             TileLayout::Tiled {
                 replicas, order, ..
-            } => tile_of_position(order, *replicas, num_devices)?,
+            } => tile_of_position(order, replicas * unreduced, num_devices)?,
+        };
+        let member_of_device = match layout {
+            // Ids of (tile, partial sum) pairs, of which the partial sum is the remainder.
+            TileLayout::Tiled {
+                replicas, order, ..
+            } if unreduced > 1 => tile_of_position(order, *replicas, num_devices)?
+                .0
+                .into_iter()
+                .map(|pair| pair % unreduced)
+                .collect(),
+            _ => Vec::new(),
         };
         Ok(Self {
             shape: shape.to_vec(),
@@ -60,7 +76,21 @@ impl IndexMap {
             shard_shape,
             tile_of_device,
             tiles_in_order,
+            unreduced,
+            member_of_device,
         })
+    }
+
+    /// How many partial sums of each tile there are: above 1, devices hold partial sums of
+    /// their tile (XLA's `unreduced`), and the array is their sum.
+    pub fn unreduced(&self) -> usize {
+        self.unreduced
+    }
+
+    /// Which of its tile's partial sums device position `device` holds (0 where the sharding
+    /// is not unreduced).
+    pub fn member_of_device(&self, device: usize) -> usize {
+        self.member_of_device.get(device).copied().unwrap_or(0)
     }
 
     pub fn num_devices(&self) -> usize {
@@ -392,6 +422,7 @@ mod tests {
     fn duplicate_or_missing_positions_are_errors() {
         let layout = TileLayout::Tiled {
             partitions: vec![2, 2],
+            unreduced: 1,
             replicas: 1,
             order: DeviceOrder::Explicit(vec![0, 1, 2, 0]),
         };
@@ -401,6 +432,7 @@ mod tests {
         ));
         let layout = TileLayout::Tiled {
             partitions: vec![4],
+            unreduced: 1,
             replicas: 1,
             order: DeviceOrder::Explicit(vec![0, 1, 2, 9]),
         };
@@ -492,6 +524,7 @@ mod tests {
         let shape = partitions.iter().map(|&p| p * rng.below(3)).collect();
         let layout = TileLayout::Tiled {
             partitions,
+            unreduced: 1,
             replicas,
             order,
         };

@@ -5,6 +5,8 @@
 //! into per-device bounds. Nothing here touches Python, so all of it is tested with `cargo test`.
 
 pub mod error;
+mod hlo_lexer;
+mod hlo_parser;
 pub mod hlo_sharding;
 pub mod host_pool;
 pub mod index_map;

@@ -44,15 +44,27 @@ impl MeshAxes {
 }
 
 /// A `PartitionSpec`: for each leading array dimension, the mesh axes that split it, major
-/// first. Trailing dimensions that the spec leaves out are not split.
+/// first. Trailing dimensions that the spec leaves out are not split. Devices along the
+/// `unreduced` axes hold partial sums of their tile rather than copies.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct NamedSpec {
     pub dims: Vec<Vec<String>>,
+    pub unreduced: Vec<String>,
 }
 
 impl NamedSpec {
     pub fn new(dims: Vec<Vec<String>>) -> Self {
-        Self { dims }
+        Self {
+            dims,
+            unreduced: Vec::new(),
+        }
+    }
+
+    /// The spec with `axes` unreduced.
+    #[must_use]
+    pub fn with_unreduced(mut self, axes: Vec<String>) -> Self {
+        self.unreduced = axes;
+        self
     }
 
     /// Lowers the spec over `mesh` for an array of rank `ndim`.
@@ -86,8 +98,16 @@ impl NamedSpec {
                 perm.push(position);
             }
         }
+        // Unreduced axes come before replicated ones, in mesh order, as JAX lowers them.
+        let mut unreduced = 1;
+        for (position, name) in mesh.names.iter().enumerate() {
+            if self.unreduced.contains(name) {
+                perm.push(position);
+                unreduced *= mesh.sizes[position];
+            }
+        }
         let sharded = partitions.iter().any(|&p| p > 1);
-        if !sharded {
+        if !sharded && unreduced == 1 {
             return Ok(TileLayout::Replicated);
         }
         let mut replicas = 1;
@@ -116,16 +136,18 @@ impl NamedSpec {
         };
         Ok(TileLayout::Tiled {
             partitions,
+            unreduced,
             replicas,
             order,
         })
     }
 
-    /// Checks what JAX checks when it builds a `NamedSharding`: known axes, each used once.
+    /// Checks what JAX checks when it builds a `NamedSharding`: known axes, each used once
+    /// (unreduced axes included).
     pub fn validate(&self, mesh: &MeshAxes) -> Result<(), ShardingError> {
         // JAX reports a repeated axis before an unknown one.
         let mut duplicates: Vec<String> = Vec::new();
-        let used: Vec<&String> = self.dims.iter().flatten().collect();
+        let used: Vec<&String> = self.dims.iter().flatten().chain(&self.unreduced).collect();
         for (i, axis) in used.iter().enumerate() {
             if used[..i].contains(axis) && !duplicates.contains(axis) {
                 duplicates.push((*axis).clone());

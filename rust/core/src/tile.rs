@@ -264,20 +264,31 @@ pub(crate) fn tile_of_position(
     Ok((tiles, in_order))
 }
 
-/// A sharding reduced to tiles: `Replicated`, or a grid of `partitions` tiles, each held by
-/// `replicas` devices.
+/// A sharding reduced to tiles: `Replicated`, or a grid of `partitions` tiles, each held as
+/// `unreduced` partial sums (1: the tile itself), each of those by `replicas` devices.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TileLayout {
     /// Every device holds the whole array (also XLA's `maximal`, which JAX treats alike).
     Replicated,
+    /// The k-th entry of `order` holds tile `k / (unreduced * replicas)`, partial sum
+    /// `k / replicas % unreduced`.
     Tiled {
         partitions: Vec<usize>,
+        unreduced: usize,
         replicas: usize,
         order: DeviceOrder,
     },
 }
 
 impl TileLayout {
+    /// How many partial sums of each tile the devices hold (1: none is unreduced).
+    pub fn unreduced(&self) -> usize {
+        match self {
+            Self::Replicated => 1,
+            Self::Tiled { unreduced, .. } => *unreduced,
+        }
+    }
+
     /// The number of array dimensions that the layout describes (`None`: any rank).
     pub fn rank(&self) -> Option<usize> {
         match self {
@@ -298,6 +309,7 @@ impl TileLayout {
     pub fn check(&self, ndim: usize, num_devices: usize) -> Result<(), ShardingError> {
         let Self::Tiled {
             partitions,
+            unreduced,
             replicas,
             order,
         } = self
@@ -311,14 +323,18 @@ impl TileLayout {
             });
         }
         order.validate()?;
-        let tiles = partitions.iter().product::<usize>() * replicas;
-        if tiles != order.len() {
+        let tiles = partitions
+            .iter()
+            .chain([unreduced, replicas])
+            .try_fold(1usize, |acc, &d| acc.checked_mul(d));
+        if tiles != Some(order.len()) {
             return Err(ShardingError::Invalid(format!(
-                "the tile grid {partitions:?} with {replicas} replicas has {tiles} tiles, but its \
-                 device order lists {} devices",
+                "the tile grid {partitions:?} with {unreduced} partial sums of {replicas} replicas \
+                 does not have the {} devices that its device order lists",
                 order.len()
             )));
         }
+        let tiles = order.len();
         if tiles != num_devices {
             return Err(ShardingError::Invalid(format!(
                 "the sharding places tiles on {tiles} devices, but its device list has \
@@ -535,6 +551,7 @@ pub(crate) mod tests {
     fn check_rejects_wrong_rank_and_device_count() {
         let layout = TileLayout::Tiled {
             partitions: vec![4, 2],
+            unreduced: 1,
             replicas: 1,
             order: DeviceOrder::Iota {
                 reshape: vec![8],

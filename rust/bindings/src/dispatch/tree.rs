@@ -49,8 +49,13 @@ pub struct DataclassFields {
 
 /// The fields of each type seen, by identity (held): `None` for a type that is no registered
 /// dataclass. Types are few and long-lived; the map forgets everything when full.
-static DATACLASSES: BoundedCache<usize, Arc<(Py<PyType>, Option<Arc<DataclassFields>>)>> =
-    BoundedCache::new(256);
+static DATACLASSES: BoundedCache<usize, Arc<KnownType>> = BoundedCache::new(256);
+
+/// A type, held, and its dataclass fields if it is a registered dataclass.
+type KnownType = (Py<PyType>, Option<Arc<DataclassFields>>);
+
+/// A node's children and node data, as JAX's registry gives them.
+type OneLevel<'py> = (Vec<Bound<'py, PyAny>>, Bound<'py, PyAny>);
 
 fn dataclass_fields(
     h: &Handles,
@@ -317,10 +322,7 @@ fn derive_into<'py>(
 
 /// `value` taken apart one level by JAX's registry: its children and node data; None for a
 /// leaf.
-fn one_level<'py>(
-    h: &Handles,
-    value: &Bound<'py, PyAny>,
-) -> PyResult<Option<(Vec<Bound<'py, PyAny>>, Bound<'py, PyAny>)>> {
+fn one_level<'py>(h: &Handles, value: &Bound<'py, PyAny>) -> PyResult<Option<OneLevel<'py>>> {
     let py = value.py();
     let found = h.flatten_one_level.bind(py).call1((value,))?;
     if found.is_none() {
