@@ -14,7 +14,7 @@ use pyo3::types::{PyBool, PyComplex, PyFloat, PyInt, PyList, PyTuple};
 use super::handles::Handles;
 use super::leaf::{aval_value, LiveLeaf, ScalarKind};
 use super::miss::{Conversion, FastPath};
-use super::signature::{CallSignature, LeafKey};
+use super::signature::{CallSignature, LeafKey, LiveCall};
 use crate::process_local::make_array_from_process_local_leaf;
 use crate::stats::count_fallback;
 use crate::transfer::{deleted_error, HostInput};
@@ -180,16 +180,16 @@ impl Entry {
         })
     }
 
-    /// Runs the executable on a call's `leaves`, read as `keys`; `moved` is the reason counted
-    /// for each argument that JAX moves.
+    /// Runs the executable on a call's leaves; `moved` is the reason counted for each
+    /// argument that JAX moves.
     pub fn run<'py>(
         &self,
         py: Python<'py>,
         h: &Handles,
-        leaves: &[Bound<'py, PyAny>],
-        keys: &[LiveLeaf<'py>],
+        call: &LiveCall<'py>,
         moved: &str,
     ) -> PyResult<Bound<'py, PyAny>> {
+        let (leaves, keys) = (call.leaves(), &call.keys[..]);
         if !self.donated.is_empty() {
             self.check_donations(h, leaves, keys)?;
         }
@@ -197,7 +197,7 @@ impl Entry {
             for (j, leaf) in leaves.iter().enumerate() {
                 check_live(h, leaf, j)?;
             }
-            PyTuple::new(py, leaves)?
+            call.leaf_tuple()?
         } else {
             let mut inputs: Vec<Bound<'py, PyAny>> =
                 Vec::with_capacity(self.const_inputs.len() + leaves.len());

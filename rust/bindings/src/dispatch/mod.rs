@@ -168,21 +168,32 @@ impl JitFunction {
     ) -> PyResult<bool> {
         if let Some(latest) = latest {
             let tree = &latest.signature.tree;
-            let mut leaves = Vec::with_capacity(tree.num_leaves);
-            if tree.flatten(h, &call.dynamic, &mut leaves)? && read_leaves(h, call, &leaves)? {
-                call.tree = tree.clone();
-                call.leaves = leaves;
-                return Ok(true);
+            if tree.flat {
+                if call.dynamic().len() == tree.num_leaves {
+                    if let Some(keys) = read_leaves(h, call.dynamic())? {
+                        call.set_tree(tree.clone(), None, keys);
+                        return Ok(true);
+                    }
+                }
+            } else {
+                let mut leaves = Vec::with_capacity(tree.num_leaves);
+                if tree.flatten(h, call.dynamic(), &mut leaves)? {
+                    if let Some(keys) = read_leaves(h, &leaves)? {
+                        call.set_tree(tree.clone(), Some(leaves), keys);
+                        return Ok(true);
+                    }
+                }
             }
         }
-        let Some((tree, leaves)) = Tree::derive(py, h, &call.dynamic)? else {
+        let Some((tree, leaves)) = Tree::derive(py, h, call.dynamic())? else {
             return Ok(false);
         };
-        if !read_leaves(h, call, &leaves)? {
+        let Some(keys) = read_leaves(h, &leaves)? else {
             return Ok(false);
-        }
-        call.tree = self.intern(py, tree)?;
-        call.leaves = leaves;
+        };
+        let tree = self.intern(py, tree)?;
+        let nested = (!tree.flat).then_some(leaves);
+        call.set_tree(tree, nested, keys);
         Ok(true)
     }
 
@@ -340,21 +351,19 @@ impl JitFunction {
     }
 }
 
-/// Reads every leaf of `call`; false if one is not a value the dispatcher keys.
+/// Reads every leaf; None if one is not a value the dispatcher keys.
 fn read_leaves<'py>(
     h: &Handles,
-    call: &mut LiveCall<'py>,
     leaves: &[Bound<'py, PyAny>],
-) -> PyResult<bool> {
-    call.keys.clear();
-    call.keys.reserve(leaves.len());
+) -> PyResult<Option<Vec<LiveLeaf<'py>>>> {
+    let mut keys = Vec::with_capacity(leaves.len());
     for leaf in leaves {
         let Some(key) = LiveLeaf::read(h, leaf)? else {
-            return Ok(false);
+            return Ok(None);
         };
-        call.keys.push(key);
+        keys.push(key);
     }
-    Ok(true)
+    Ok(Some(keys))
 }
 
 #[pymethods]
@@ -397,12 +406,15 @@ impl JitFunction {
             return this.to_jax(py, &this.reasons.disabled, args, kwargs);
         }
         let mut call = LiveCall::split(&this.statics, args, kwargs, context)?;
-        let recent = lock(&this.recent).clone();
-        if !this.flatten(py, h, &mut call, recent.first())? {
+        let latest = lock(&this.recent).first().cloned();
+        if !this.flatten(py, h, &mut call, latest.as_ref())? {
             return this.to_jax(py, this.reasons.unkeyable(Unkeyable::Leaf), args, kwargs);
         }
-        let mut found = Self::lookup_recent(&call, &recent)?;
-        drop(recent);
+        let mut found = Self::lookup_recent(&call, latest.as_slice())?;
+        if found.is_none() {
+            let others: Vec<Arc<Cached>> = lock(&this.recent).iter().skip(1).cloned().collect();
+            found = Self::lookup_recent(&call, &others)?;
+        }
         loop {
             let cached = if let Some(cached) = found.take() {
                 cached
@@ -418,7 +430,7 @@ impl JitFunction {
                         let reason = this.reasons.unkeyable(Unkeyable::Leaf);
                         return this.to_jax(py, reason, args, kwargs);
                     };
-                    return this.run_miss(py, h, signature, &call.leaves, args, kwargs);
+                    return this.run_miss(py, h, signature, call.leaves(), args, kwargs);
                 }
             };
             match cached.outcome.get() {
@@ -426,8 +438,7 @@ impl JitFunction {
                     count(Counter::CacheHit);
                     cached.used.mark();
                     this.note_recent(&cached);
-                    let out = match entry.run(py, h, &call.leaves, &call.keys, &this.reasons.moved)
-                    {
+                    let out = match entry.run(py, h, &call, &this.reasons.moved) {
                         Err(err) if err.is_instance_of::<PyOverflowError>(py) => {
                             // A Python int too large for its dtype: JAX's path names it.
                             return this.to_jax(py, &this.reasons.overflow, args, kwargs);

@@ -30,16 +30,20 @@ pub struct StaticArgs {
     pub argnames: Vec<Py<PyString>>,
 }
 
-/// A call's arguments split as its signature needs them.
+/// A call's arguments split as its signature needs them. A call of positional dynamic
+/// arguments only, each a leaf (the commonest), borrows the argument tuple for both.
 pub struct LiveCall<'py> {
+    pub args: Bound<'py, PyTuple>,
     pub num_args: usize,
-    /// The dynamic arguments in JAX's order: positional ones, then keyword ones by name.
-    pub dynamic: Vec<Bound<'py, PyAny>>,
+    /// The dynamic arguments in JAX's order (positional ones, then keyword ones by name),
+    /// where some arguments are static or passed by keyword; else `args` are the dynamic ones.
+    split: Option<Vec<Bound<'py, PyAny>>>,
     pub kwnames: Vec<Bound<'py, PyString>>,
     pub statics: Vec<Bound<'py, PyAny>>,
     pub static_names: Vec<Bound<'py, PyString>>,
     pub tree: Arc<Tree>,
-    pub leaves: Vec<Bound<'py, PyAny>>,
+    /// The leaves, where they are not the dynamic arguments themselves.
+    nested: Option<Vec<Bound<'py, PyAny>>>,
     pub keys: Vec<LiveLeaf<'py>>,
     pub context: LiveContext<'py>,
 }
@@ -55,17 +59,23 @@ impl<'py> LiveCall<'py> {
     ) -> PyResult<Self> {
         let py = args.py();
         let num_args = args.len();
+        let kwargs = kwargs.filter(|k| !k.is_empty());
         let mut call = Self {
+            args: args.clone(),
             num_args,
-            dynamic: Vec::with_capacity(num_args + kwargs.map_or(0, PyDictMethods::len)),
+            split: None,
             kwnames: Vec::new(),
             statics: Vec::new(),
             static_names: Vec::new(),
             tree: Arc::new(Tree::empty()),
-            leaves: Vec::new(),
+            nested: None,
             keys: Vec::new(),
             context,
         };
+        if statics.argnums.is_empty() && kwargs.is_none() {
+            return Ok(call);
+        }
+        let mut dynamic = Vec::with_capacity(num_args + kwargs.map_or(0, PyDictMethods::len));
         for (i, arg) in args.iter().enumerate() {
             let from_end = i as isize - num_args as isize;
             if statics
@@ -75,36 +85,69 @@ impl<'py> LiveCall<'py> {
             {
                 call.statics.push(arg);
             } else {
-                call.dynamic.push(arg);
+                dynamic.push(arg);
             }
         }
-        let Some(kwargs) = kwargs.filter(|k| !k.is_empty()) else {
-            return Ok(call);
-        };
-        let mut named: Vec<(Bound<'py, PyString>, Bound<'py, PyAny>)> = kwargs
-            .iter()
-            .map(|(name, value)| Ok((name.cast_into::<PyString>()?, value)))
-            .collect::<PyResult<_>>()?;
-        // JAX orders keyword arguments by name.
-        named.sort_by(|(a, _), (b, _)| {
-            a.to_str()
-                .unwrap_or_default()
-                .cmp(b.to_str().unwrap_or_default())
-        });
-        for (name, value) in named {
-            let is_static = statics
-                .argnames
+        if let Some(kwargs) = kwargs {
+            let mut named: Vec<(Bound<'py, PyString>, Bound<'py, PyAny>)> = kwargs
                 .iter()
-                .any(|s| s.is(&name) || s.bind(py).as_any().eq(&name).unwrap_or(false));
-            if is_static {
-                call.static_names.push(name);
-                call.statics.push(value);
-            } else {
-                call.kwnames.push(name);
-                call.dynamic.push(value);
+                .map(|(name, value)| Ok((name.cast_into::<PyString>()?, value)))
+                .collect::<PyResult<_>>()?;
+            // JAX orders keyword arguments by name.
+            named.sort_by(|(a, _), (b, _)| {
+                a.to_str()
+                    .unwrap_or_default()
+                    .cmp(b.to_str().unwrap_or_default())
+            });
+            for (name, value) in named {
+                let is_static = statics
+                    .argnames
+                    .iter()
+                    .any(|s| s.is(&name) || s.bind(py).as_any().eq(&name).unwrap_or(false));
+                if is_static {
+                    call.static_names.push(name);
+                    call.statics.push(value);
+                } else {
+                    call.kwnames.push(name);
+                    dynamic.push(value);
+                }
             }
         }
+        call.split = Some(dynamic);
         Ok(call)
+    }
+
+    /// The dynamic arguments, in JAX's order.
+    pub fn dynamic(&self) -> &[Bound<'py, PyAny>] {
+        self.split
+            .as_deref()
+            .unwrap_or_else(|| self.args.as_slice())
+    }
+
+    /// The flat leaves of the dynamic arguments.
+    pub fn leaves(&self) -> &[Bound<'py, PyAny>] {
+        self.nested.as_deref().unwrap_or_else(|| self.dynamic())
+    }
+
+    /// Sets the tree, the leaves where they are not the dynamic arguments themselves, and
+    /// what each leaf is.
+    pub fn set_tree(
+        &mut self,
+        tree: Arc<Tree>,
+        nested: Option<Vec<Bound<'py, PyAny>>>,
+        keys: Vec<LiveLeaf<'py>>,
+    ) {
+        self.tree = tree;
+        self.nested = nested;
+        self.keys = keys;
+    }
+
+    /// The leaves as a tuple, the argument tuple itself where it is that.
+    pub fn leaf_tuple(&self) -> PyResult<Bound<'py, PyTuple>> {
+        if self.split.is_none() && self.nested.is_none() {
+            return Ok(self.args.clone());
+        }
+        PyTuple::new(self.args.py(), self.leaves())
     }
 
     /// The hash that the signature of this call has, or why the call has no signature.
@@ -127,7 +170,8 @@ impl<'py> LiveCall<'py> {
         let Some(arrays) = array_hashes(&self.keys)? else {
             return Ok(Err(Unkeyable::Leaf));
         };
-        for ((leaf, key), (aval_hash, sharding)) in self.leaves.iter().zip(&self.keys).zip(arrays) {
+        for ((leaf, key), (aval_hash, sharding)) in self.leaves().iter().zip(&self.keys).zip(arrays)
+        {
             match key {
                 LiveLeaf::Array { committed, .. } => {
                     (0u8, aval_hash, sharding, committed).hash(&mut hasher);
@@ -209,7 +253,7 @@ impl CallSignature {
     /// key holds.
     pub fn keep(call: &LiveCall<'_>, hash: u64) -> PyResult<Option<Self>> {
         let mut leaves = Vec::with_capacity(call.keys.len());
-        for (leaf, key) in call.leaves.iter().zip(&call.keys) {
+        for (leaf, key) in call.leaves().iter().zip(&call.keys) {
             leaves.push(match key {
                 LiveLeaf::Array {
                     aval,
@@ -263,7 +307,7 @@ impl CallSignature {
         if !(Arc::ptr_eq(&self.tree, &call.tree) || self.tree.same(py, &call.tree)?) {
             return Ok(false);
         }
-        for ((kept, key), leaf) in self.leaves.iter().zip(&call.keys).zip(&call.leaves) {
+        for ((kept, key), leaf) in self.leaves.iter().zip(&call.keys).zip(call.leaves()) {
             if !same_leaf(kept, key, leaf)? {
                 return Ok(false);
             }

@@ -90,6 +90,8 @@ pub struct Tree {
     nodes: Vec<Node>,
     pub hash: u64,
     pub num_leaves: usize,
+    /// Whether every dynamic argument is a leaf: the leaves are the arguments.
+    pub flat: bool,
 }
 
 impl Tree {
@@ -99,6 +101,7 @@ impl Tree {
             nodes: Vec::new(),
             hash: 0,
             num_leaves: 0,
+            flat: true,
         }
     }
 
@@ -149,6 +152,7 @@ impl Tree {
             }
         }
         Ok(Self {
+            flat: nodes.iter().all(|n| matches!(n, Node::Leaf)),
             nodes,
             hash: hasher.finish(),
             num_leaves,
