@@ -384,6 +384,19 @@ def test_jit_without_a_function_is_a_decorator():
         jnp.arange(3.0), 2))
 
 
+@pytest.mark.parametrize("argnums", [
+    lambda: np.int64(1), lambda: iter([1]), lambda: (i for i in [1])])
+def test_pmap_reads_static_argument_numbers_as_jax_does(argnums):
+    # An iterator reached jax.pmap, which consumed it, and the dispatcher then saw no static
+    # argument; numpy integers were refused.
+    ours = fastpjit.pmap(fresh(plus), static_broadcasted_argnums=argnums())
+    theirs = jax.pmap(fresh(plus), static_broadcasted_argnums=argnums())
+    x = jnp.arange(8.0)
+    for n in (1, 2, 1):
+        assert_same_outputs(ours(x, n), theirs(x, n))
+    assert ours.cache_size() == 2
+
+
 # --- jax.clear_caches() ---------------------------------------------------------------------
 
 
