@@ -19,7 +19,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
 	$(VENV)/bin/pip install --quiet "maturin>=1.9,<2" "jax==0.10.2" "jaxlib==0.10.2" "numpy>=2" \
-		"pytest>=8" "pytest-timeout>=2.3" "hypothesis>=6.100" "matplotlib>=3.8" "ruff>=0.6" "mypy>=1.10"
+		"pytest>=8" "pytest-timeout>=2.3" "hypothesis>=6.100" "cloudpickle>=3" "matplotlib>=3.8" \
+		"ruff>=0.6" "mypy>=1.10"
 	touch $@
 
 build: venv

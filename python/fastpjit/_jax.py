@@ -31,7 +31,9 @@ from jax._src import pjit as _pjit
 from jax._src import pmap as _pmap_lib
 from jax._src import sharding as _sharding
 from jax._src import sharding_impls as _sharding_impls
+from jax._src import source_info_util as _source_info_util
 from jax._src import stages as _stages
+from jax._src import traceback_util as _traceback_util
 from jax._src import tree_util as _tree_util
 from jax._src import util as _util
 from jax._src.array import ArrayImpl
@@ -53,6 +55,7 @@ DuplicateSpecError = _named_sharding.DuplicateSpecError
 
 __all__ = [
     "aot_cache_miss",
+    "api_boundary",
     "array_aval",
     "array_committed",
     "ARRAY_HOST_VALUE",
@@ -68,6 +71,7 @@ __all__ = [
     "buffer_id",
     "canonical_dtype",
     "clear_index_map_caches",
+    "clear_with_jax_caches",
     "collect_garbage",
     "compile_hlo_program",
     "compile_lowered",
@@ -818,6 +822,47 @@ def backend_compiles() -> int:
     """How many backend compiles JAX has run in this process so far (loads from the persistent
     compilation cache left out)."""
     return _backend_compiles
+
+
+# --- The wrapped functions as JAX's: traceback filtering and jax.clear_caches() -------------
+# An error raised in the user's function unwinds through fastpjit's Python frames and JAX's;
+# as JAX does for its own, every fastpjit file is left out of the traceback below an api
+# boundary (a miss, lower, ...), so that the user sees the own code that raised.
+
+api_boundary = _traceback_util.api_boundary
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_traceback_util.register_exclusion(_PACKAGE_DIR)
+_source_info_util.register_exclusion(_PACKAGE_DIR)
+
+
+class _FunctionCaches:
+    """Every live fastpjit function's executables and the dispatcher's memo of avals and
+    shardings, as one cache in JAX's registry, which jax.clear_caches() clears. The functions
+    are held weakly: registering one keeps nothing alive."""
+
+    def __init__(self) -> None:
+        self._functions: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._lock = threading.Lock()
+
+    def add(self, function: Any) -> None:
+        with self._lock:
+            self._functions.add(function)
+
+    def cache_clear(self) -> None:
+        with self._lock:
+            functions = list(self._functions)
+        for function in functions:
+            function._clear_cache()
+        _native.clear_dispatch_memo()
+
+
+_function_caches = _FunctionCaches()
+_util.register_cache(_function_caches, "fastpjit's jit and pmap functions")
+
+
+def clear_with_jax_caches(function: Any) -> None:
+    """Has jax.clear_caches() clear this fastpjit function's executables too."""
+    _function_caches.add(function)
 
 
 # --- fastpjit.launch: the cluster environment of the processes that it starts ---------------

@@ -61,6 +61,10 @@ class HloFunction(_core.JitFunction):
         """XLA's cost estimates (flops, bytes accessed, ...) of the compiled module."""
         return self._program.executable.cost_analysis()
 
+    def __copy__(self) -> HloFunction:
+        # As JAX's Compiled: a copy runs the same executable. (Like JAX's, it does not pickle.)
+        return _function(self._program)
+
     def __repr__(self) -> str:
         return f"<fastpjit.compile_hlo of {self._program.name} on {self.num_devices} devices>"
 
@@ -83,9 +87,13 @@ def compile_hlo(module: str | bytes, devices: Sequence[Any] | None = None, *,
     parsed = _jax.read_hlo_module(module if isinstance(module, str) else bytes(module))
     devices = _devices(devices, parsed.num_partitions)
     donated = _donated(donate_argnums, len(parsed.in_avals))
-    program = _Program(parsed, devices, donated)
-    function = HloFunction(program.run, program.miss, [], [], kind=_KIND,
-                           capacity=_CACHE_CAPACITY)
+    return _function(_Program(parsed, devices, donated))
+
+
+def _function(program: _Program) -> HloFunction:
+    # A bad argument's error shows the caller's frame, not fastpjit's checks.
+    function = HloFunction(_jax.api_boundary(program.run), _jax.api_boundary(program.miss), [],
+                           [], kind=_KIND, capacity=_CACHE_CAPACITY)
     function._program = program
     return function
 

@@ -10,6 +10,8 @@ Ahead-of-time compiled functions (`f.lower(...).compile()`) dispatch the same wa
 from __future__ import annotations
 
 import functools
+import sys
+import types
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -22,7 +24,58 @@ __all__ = ["Compiled", "JitWrapped", "Lowered", "jit", "pjit"]
 _UNSPECIFIED: Any = object()
 
 
-class JitWrapped(_core.JitFunction):
+class _NotSpecified:
+    """jit's `fun` when not given: jit(**options) is a decorator; jit(None) is an error."""
+
+    def __repr__(self) -> str:
+        return "<not-specified>"
+
+
+_NOT_SPECIFIED: Any = _NotSpecified()
+
+
+class Wrapped(_core.JitFunction):
+    """What the functions of fastpjit.jit, pjit and pmap share with JAX's: on an instance they
+    are bound methods; pickle takes them by reference where their module holds them, as it
+    takes a function, and otherwise as the function that they wrap and their options."""
+
+    # jit, pjit or pmap with this function's options: `_make(__wrapped__)` makes it again.
+    _make: functools.partial[Any]
+    # Whether a function of `__main__` pickles by value: JAX's jit does under cloudpickle (the
+    # only pickler that can), JAX's pmap, a plain Python function, by reference.
+    _main_by_value = True
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        # As a Python function, and JAX's: a bound method on an instance. Two accesses are
+        # equal, so a method passed as a static argument finds its executable again.
+        return self if instance is None else types.MethodType(self, instance)
+
+    def __reduce__(self) -> Any:
+        name = self._global_name()
+        return name if name is not None else (self._make, (self.__wrapped__,))
+
+    def _global_name(self) -> str | None:
+        """The name by which pickle finds this very function in its module, as it finds a
+        function; None where it is not found so (cloudpickle's modules to pickle by value
+        excepted)."""
+        module_name = getattr(self, "__module__", None)
+        name = getattr(self, "__qualname__", None)
+        module = sys.modules.get(module_name) if isinstance(module_name, str) else None
+        if (module is None or not isinstance(name, str)
+                or (module_name == "__main__" and self._main_by_value)):
+            return None
+        found: Any = module
+        for part in name.split("."):
+            found = getattr(found, part, None)
+        if found is not self:
+            return None
+        cloudpickle = sys.modules.get("cloudpickle")
+        if cloudpickle is not None and module_name in cloudpickle.list_registry_pickle_by_value():
+            return None
+        return name
+
+
+class JitWrapped(Wrapped):
     """The function that fastpjit.jit returns: call it, lower it, or inspect it like jax.jit's."""
 
     _jitted: Any
@@ -32,14 +85,17 @@ class JitWrapped(_core.JitFunction):
         """The jax.jit function that traces this one's calls."""
         return self._jitted
 
+    @_jax.api_boundary
     def lower(self, *args: Any, **kwargs: Any) -> Lowered:
         """Lowers for these arguments, as `jax.jit(fun).lower` does."""
         return Lowered(self._active.lower(*args, **kwargs))
 
+    @_jax.api_boundary
     def trace(self, *args: Any, **kwargs: Any) -> Any:
         """Traces for these arguments, as `jax.jit(fun).trace` does."""
         return self._active.trace(*args, **kwargs)
 
+    @_jax.api_boundary
     def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
         """Output shapes and dtypes, as `jax.jit(fun).eval_shape` gives them."""
         return self._active.eval_shape(*args, **kwargs)
@@ -53,9 +109,19 @@ class JitWrapped(_core.JitFunction):
         """How many executables this function has cached."""
         return self._cache_size()
 
-    def __get__(self, instance: Any, owner: type | None = None) -> Any:
-        # Like a plain function, a jitted function becomes a bound method on an instance.
-        return self if instance is None else functools.partial(self, instance)
+    def _rewrapped(self) -> JitWrapped:
+        """A new function over the same jax.jit function, with a cache of its own."""
+        return _wrap(self.__wrapped__, self._jitted, self._make)
+
+    def __copy__(self) -> JitWrapped:
+        # As JAX's copy, it shares JAX's caches: it finds the executables compiled already.
+        copied = self._rewrapped()
+        copied.__dict__.update(self.__dict__)
+        return copied
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> JitWrapped:
+        # A function is not deep-copied (JAX's deep copy still calls the function it wraps).
+        return self.__copy__()
 
     def __repr__(self) -> str:
         return f"<fastpjit.jit of {self.__wrapped__!r}>"
@@ -67,6 +133,7 @@ class Lowered:
     def __init__(self, lowered: Any):
         self._lowered = lowered
 
+    @_jax.api_boundary
     def compile(self, *args: Any, **kwargs: Any) -> Compiled:
         """Compiles as JAX's `Lowered.compile` does; with no compiler options or device
         assignment given, fastpjit compiles, as for a call."""
@@ -75,7 +142,10 @@ class Lowered:
         return Compiled.of(self._lowered.compile(*args, **kwargs))
 
     def __getattr__(self, name: str) -> Any:
-        # as_text, compiler_ir, cost_analysis, in_tree, args_info, ... are JAX's.
+        # as_text, compiler_ir, cost_analysis, in_tree, args_info, ... are JAX's. (copy.copy
+        # asks a new, empty instance for its attributes.)
+        if name == "_lowered":
+            raise AttributeError(name)
         return getattr(self._lowered, name)
 
 
@@ -86,29 +156,37 @@ class Compiled(_core.JitFunction):
 
     @classmethod
     def of(cls, compiled: Any) -> Compiled:
-        wrapped = cls(compiled, functools.partial(_jax.aot_cache_miss, compiled), [], [],
-                      kind="compiled")
+        miss = _jax.api_boundary(functools.partial(_jax.aot_cache_miss, compiled))
+        wrapped = cls(compiled, miss, [], [], kind="compiled")
         wrapped._compiled = compiled
         return wrapped
 
+    def __copy__(self) -> Compiled:
+        # As JAX's Compiled: a copy runs the same executable. (Like JAX's, it does not pickle.)
+        return Compiled.of(self._compiled)
+
     def __getattr__(self, name: str) -> Any:
         # as_text, cost_analysis, input_shardings, output_shardings, ... are JAX's.
+        if name == "_compiled":
+            raise AttributeError(name)
         return getattr(self._compiled, name)
 
 
-def _wrap(fun: Callable[..., Any], jitted: Any) -> JitWrapped:
+def _wrap(fun: Callable[..., Any], jitted: Any, make: functools.partial[Any]) -> JitWrapped:
     argnums, argnames = _jax.jit_static_args(jitted)
-    wrapped = JitWrapped(jitted, functools.partial(_jax.jit_cache_miss, jitted),
+    wrapped = JitWrapped(jitted, _jax.api_boundary(functools.partial(_jax.jit_cache_miss, jitted)),
                          list(argnums), list(argnames))
     wrapped._jitted = jitted
-    _set_function(wrapped, fun)
+    _set_function(wrapped, fun, make)
     return wrapped
 
 
-def _set_function(wrapped: Any, fun: Callable[..., Any]) -> None:
+def _set_function(wrapped: Any, fun: Callable[..., Any], make: functools.partial[Any]) -> None:
     functools.update_wrapper(wrapped, fun)
     # JAX's NaN and inf checks (its post-hook) rerun `_fun` without jit to find the culprit.
     wrapped._fun = fun
+    wrapped._make = make
+    _jax.clear_with_jax_caches(wrapped)
 
 
 class _PjitWrapped(JitWrapped):
@@ -125,25 +203,30 @@ class _PjitWrapped(JitWrapped):
         super().clear_cache()
         self._legacy.clear_cache()
 
+    def _rewrapped(self) -> JitWrapped:
+        return _wrap_pjit(self.__wrapped__, self._jitted, self._legacy, self._make)
 
-def _wrap_pjit(fun: Callable[..., Any], options: dict[str, Any]) -> JitWrapped:
-    jitted, legacy = jax.jit(fun, **options), _jax.legacy_pjit(fun, **options)
 
+def _wrap_pjit(fun: Callable[..., Any], jitted: Any, legacy: Any,
+               make: functools.partial[Any]) -> JitWrapped:
+    @_jax.api_boundary
     def fallback(*args: Any, **kwargs: Any) -> Any:
         return wrapped._active(*args, **kwargs)
 
+    @_jax.api_boundary
     def miss(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return _jax.jit_cache_miss(wrapped._active, args, kwargs)
 
     argnums, argnames = _jax.jit_static_args(jitted)
     wrapped = _PjitWrapped(fallback, miss, list(argnums), list(argnames), kind="pjit")
     wrapped._jitted, wrapped._legacy = jitted, legacy
-    _set_function(wrapped, fun)
+    _set_function(wrapped, fun, make)
     return wrapped
 
 
+@_jax.api_boundary
 def jit(
-    fun: Callable[..., Any] | None = None,
+    fun: Callable[..., Any] = _NOT_SPECIFIED,
     /,
     *,
     in_shardings: Any = _UNSPECIFIED,
@@ -160,18 +243,21 @@ def jit(
 ) -> Any:
     """Drop-in for `jax.jit`: the same arguments, results and errors; faster calls.
 
-    Usable as `jit(f, ...)`, as a decorator, and with `functools.partial`.
+    Usable as `jit(f, ...)`, as a decorator (`@jit` or `@jit(**options)`), and with
+    `functools.partial`.
     """
     options = _options(
         in_shardings, out_shardings, static_argnums=static_argnums,
         static_argnames=static_argnames, donate_argnums=donate_argnums,
         donate_argnames=donate_argnames, keep_unused=keep_unused, device=device,
         backend=backend, inline=inline, compiler_options=compiler_options)
-    if fun is None:
-        return functools.partial(jit, **options)
-    return _wrap(fun, jax.jit(fun, **options))
+    make = functools.partial(jit, **options)
+    if fun is _NOT_SPECIFIED:
+        return make
+    return _wrap(fun, jax.jit(fun, **options), make)
 
 
+@_jax.api_boundary
 def pjit(
     fun: Callable[..., Any],
     in_shardings: Any = _UNSPECIFIED,
@@ -204,7 +290,8 @@ def pjit(
         static_argnames=static_argnames, donate_argnums=donate_argnums,
         donate_argnames=donate_argnames, keep_unused=keep_unused, device=device,
         backend=backend, inline=inline, compiler_options=compiler_options)
-    return _wrap_pjit(fun, options)
+    jitted, legacy = jax.jit(fun, **options), _jax.legacy_pjit(fun, **options)
+    return _wrap_pjit(fun, jitted, legacy, functools.partial(pjit, **options))
 
 
 def _options(in_shardings: Any, out_shardings: Any, **options: Any) -> dict[str, Any]:

@@ -8,21 +8,27 @@ shapes, dtypes, shardings) and runs the executable of JAX's jit over shard_map d
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import jax
 
-from fastpjit import _core, _jax
+from fastpjit import _jax
+from fastpjit.jit import Wrapped
 
 __all__ = ["pmap"]
 
 
-class PmapWrapped(_core.JitFunction):
+class PmapWrapped(Wrapped):
     """The function that fastpjit.pmap returns."""
 
     _pmapped: Any
+    # JAX's pmap returns a plain Python function: pickle finds it by name in `__main__` too,
+    # and it copies as itself.
+    _main_by_value = False
 
+    @_jax.api_boundary
     def lower(self, *args: Any, **kwargs: Any) -> Any:
         """Lowers for these arguments, as `jax.pmap(fun).lower` does."""
         return self._pmapped.lower(*args, **kwargs)
@@ -35,12 +41,19 @@ class PmapWrapped(_core.JitFunction):
         """How many executables this function has cached."""
         return self._cache_size()
 
+    def __copy__(self) -> PmapWrapped:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> PmapWrapped:
+        return self
+
     def __repr__(self) -> str:
         return f"<fastpjit.pmap of {self.__wrapped__!r}>"
 
 
+@_jax.api_boundary
 def pmap(
-    fun: Callable[..., Any] | None = None,
+    fun: Callable[..., Any],
     axis_name: Any = None,
     *,
     in_axes: Any = 0,
@@ -50,22 +63,32 @@ def pmap(
     backend: str | None = None,
     axis_size: int | None = None,
     donate_argnums: int | Iterable[int] = (),
-) -> Any:
+) -> PmapWrapped:
     """Drop-in for `jax.pmap`: the same arguments, results and errors; faster calls."""
+    static_broadcasted_argnums = _index_tuple(static_broadcasted_argnums)
+    donate_argnums = _index_tuple(donate_argnums)
     options: dict[str, Any] = dict(
         axis_name=axis_name, in_axes=in_axes, out_axes=out_axes,
         static_broadcasted_argnums=static_broadcasted_argnums, devices=devices,
         backend=backend, axis_size=axis_size, donate_argnums=donate_argnums)
-    if fun is None:
-        return functools.partial(pmap, **options)
     pmapped = jax.pmap(fun, **options)
-    static = static_broadcasted_argnums
-    static = (static,) if isinstance(static, int) else tuple(static)
     # Like jax.pmap, only non-negative positions name static arguments.
-    wrapped = PmapWrapped(pmapped, functools.partial(_jax.pmap_cache_miss, pmapped),
-                          [i for i in static if i >= 0], [], kind="pmap")
+    wrapped = PmapWrapped(
+        pmapped, _jax.api_boundary(functools.partial(_jax.pmap_cache_miss, pmapped)),
+        [i for i in static_broadcasted_argnums if i >= 0], [], kind="pmap")
     wrapped._pmapped = pmapped
+    wrapped._make = functools.partial(pmap, **options)
     functools.update_wrapper(wrapped, fun)
     # JAX's NaN and inf checks (its post-hook) rerun `_fun` to find the culprit: jax.pmap's.
     wrapped._fun = pmapped
+    _jax.clear_with_jax_caches(wrapped)
     return wrapped
+
+
+def _index_tuple(argnums: int | Iterable[int]) -> tuple[int, ...]:
+    """Argument numbers as jax.pmap reads them (with its errors), read once: an iterator too
+    reaches JAX, the dispatcher and pickle alike."""
+    try:
+        return (operator.index(argnums),)  # type: ignore[arg-type]
+    except TypeError:
+        return tuple(map(operator.index, argnums))  # type: ignore[arg-type]
