@@ -7,9 +7,11 @@ use std::sync::{Mutex, PoisonError};
 
 use numpy::npyffi::PY_ARRAY_API;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::gc::PyVisit;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyComplex, PyFloat, PyInt, PyList, PyTuple};
+use pyo3::PyTraverseError;
 
 use super::handles::Handles;
 use super::leaf::{aval_value, LiveLeaf, ScalarKind};
@@ -305,9 +307,12 @@ impl Entry {
         Ok(PyList::new(py, converted)?.into_any())
     }
 
-    /// The constants held, for the garbage collector.
-    pub fn constants(&self) -> &[Py<PyAny>] {
-        &self.const_inputs
+    /// Visits the objects that may lead back to the caller's: constants and the output tree.
+    pub fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        for constant in &self.const_inputs {
+            visit.call(constant)?;
+        }
+        visit.call(self.unflatten.as_ref())
     }
 }
 

@@ -486,16 +486,19 @@ impl JitFunction {
         for name in &self.statics.argnames {
             visit.call(name)?;
         }
+        // What an entry holds that may lead back to this function: the caller's objects
+        // (static arguments, dict keys, pytree node types and data) and the output tree.
         if let Ok(cache) = self.cache.try_lock() {
             for cached in cache.values() {
-                for value in cached.signature.statics() {
-                    visit.call(value)?;
-                }
+                cached.signature.traverse(&visit)?;
                 if let Some(Outcome::Run(entry)) = cached.outcome.get() {
-                    for constant in entry.constants() {
-                        visit.call(constant)?;
-                    }
+                    entry.traverse(&visit)?;
                 }
+            }
+        }
+        if let Ok(trees) = self.trees.try_lock() {
+            for tree in trees.iter() {
+                tree.traverse(&visit)?;
             }
         }
         Ok(())

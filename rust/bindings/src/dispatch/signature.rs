@@ -12,8 +12,10 @@ use std::sync::Arc;
 
 use numpy::{PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString, PyTuple};
+use pyo3::PyTraverseError;
 use rustc_hash::FxHasher;
 
 use super::context::{Context, LiveContext};
@@ -320,9 +322,12 @@ impl CallSignature {
         Ok(call.context.is(&self.context))
     }
 
-    /// The static arguments held, for the garbage collector.
-    pub fn statics(&self) -> &[Py<PyAny>] {
-        &self.statics
+    /// Visits the caller's objects held: static arguments and the tree's.
+    pub fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        for value in &self.statics {
+            visit.call(value)?;
+        }
+        self.tree.traverse(visit)
     }
 }
 

@@ -8,9 +8,11 @@
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
+use pyo3::gc::PyVisit;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple, PyType};
+use pyo3::PyTraverseError;
 use rustc_hash::FxHasher;
 
 use super::handles::Handles;
@@ -174,6 +176,31 @@ impl Tree {
             }
         }
         Ok(nodes.next().is_none() && leaves.len() == self.num_leaves)
+    }
+
+    /// Visits the objects the tree holds: dict keys, node types, node data.
+    pub fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        for node in &self.nodes {
+            match node {
+                Node::Leaf | Node::Nothing | Node::Tuple(_) | Node::List(_) => {}
+                Node::Dict(keys) => {
+                    for key in keys {
+                        visit.call(key)?;
+                    }
+                }
+                Node::Dataclass { kind, meta, .. } => {
+                    visit.call(kind)?;
+                    for value in meta {
+                        visit.call(value)?;
+                    }
+                }
+                Node::Registered { kind, data, .. } => {
+                    visit.call(kind)?;
+                    visit.call(data)?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Whether two trees are the same (dict keys and treedefs compared by `==`).
