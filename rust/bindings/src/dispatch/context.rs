@@ -9,13 +9,18 @@ use pyo3::types::PyTuple;
 
 use super::handles::Handles;
 
+/// How many states the jit key may read besides the trace context.
+pub const MAX_STATES: usize = 8;
+
 /// The jit key as a call finds it.
 pub struct LiveContext<'py> {
     trace: Bound<'py, PyTuple>,
     /// The states, then JAX's post-hook (the NaN and inf checks of `jax_debug_nans` and
     /// `jax_debug_infs`), which is no part of JAX's jit key, but is of ours: with the checks
-    /// on, pmap donates nothing, so it compiles another executable.
-    states: Vec<Bound<'py, PyAny>>,
+    /// on, pmap donates nothing, so it compiles another executable. Held inline: the jit key
+    /// is read on every call.
+    states: [Option<Bound<'py, PyAny>>; MAX_STATES],
+    num_states: usize,
 }
 
 /// A jit key kept in a cache entry, holding every object it compares.
@@ -27,19 +32,27 @@ pub struct Context {
 impl<'py> LiveContext<'py> {
     pub fn read(py: Python<'py>, h: &Handles) -> PyResult<Self> {
         let trace = h.trace_context.bind(py).call0()?.cast_into::<PyTuple>()?;
-        let read = |state: &Py<PyAny>| h.config_value.bind(py).call1((state,));
-        let states = h
-            .jit_key_states
-            .iter()
-            .chain([&h.post_hook_state])
-            .map(read)
-            .collect::<PyResult<_>>()?;
-        Ok(Self { trace, states })
+        let mut states = [const { None }; MAX_STATES];
+        let all = h.jit_key_states.iter().chain([&h.post_hook_state]);
+        for (slot, state) in states.iter_mut().zip(all) {
+            *slot = Some(h.config_value.bind(py).call1((state,))?);
+        }
+        Ok(Self {
+            trace,
+            states,
+            num_states: h.jit_key_states.len() + 1,
+        })
+    }
+
+    fn states(&self) -> impl Iterator<Item = &Bound<'py, PyAny>> {
+        self.states[..self.num_states].iter().flatten()
     }
 
     /// JAX's post-hook, if one is set: the call's outputs go through it.
     pub fn post_hook(&self) -> Option<&Bound<'py, PyAny>> {
-        self.states.last().filter(|hook| !hook.is_none())
+        self.states[self.num_states - 1]
+            .as_ref()
+            .filter(|hook| !hook.is_none())
     }
 
     pub fn py(&self) -> Python<'py> {
@@ -54,25 +67,33 @@ impl<'py> LiveContext<'py> {
     pub fn keep(&self) -> Context {
         Context {
             trace: self.trace.clone().unbind(),
-            states: self.states.iter().map(|s| s.clone().unbind()).collect(),
+            states: self.states().map(|s| s.clone().unbind()).collect(),
         }
     }
 
-    /// Whether `kept` is this jit key; an item whose `==` raises counts as different.
+    /// Whether `kept` is this jit key; an item whose `==` raises counts as different. The
+    /// items are nearly always the very objects kept, so they are compared by address first.
     pub fn is(&self, kept: &Context) -> bool {
         let py = self.trace.py();
-        let trace = kept.trace.bind(py);
-        if trace.len() != self.trace.len() || kept.states.len() != self.states.len() {
+        let (ours, theirs) = (self.trace.as_slice(), kept.trace.bind(py).as_slice());
+        if ours.len() != theirs.len() || kept.states.len() != self.num_states {
             return false;
         }
-        let same = |a: &Bound<'_, PyAny>, b: &Bound<'_, PyAny>| a.is(b) || a.eq(b).unwrap_or(false);
-        self.trace
-            .iter_borrowed()
-            .zip(trace.iter_borrowed())
-            .all(|(a, b)| same(&a, &b))
+        let identical = ours
+            .iter()
+            .zip(theirs)
+            .all(|(a, b)| a.as_ptr() == b.as_ptr())
             && self
-                .states
-                .iter()
+                .states()
+                .zip(&kept.states)
+                .all(|(a, b)| a.as_ptr() == b.as_ptr());
+        if identical {
+            return true;
+        }
+        let same = |a: &Bound<'_, PyAny>, b: &Bound<'_, PyAny>| a.is(b) || a.eq(b).unwrap_or(false);
+        ours.iter().zip(theirs).all(|(a, b)| same(a, b))
+            && self
+                .states()
                 .zip(&kept.states)
                 .all(|(a, b)| same(a, b.bind(py)))
     }

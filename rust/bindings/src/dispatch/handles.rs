@@ -6,6 +6,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;
 
+use super::context::MAX_STATES;
 use crate::jax::{attribute as get, private, type_attribute as get_type};
 
 pub struct Handles {
@@ -64,41 +65,53 @@ const EXECUTIONS_PER_DRAIN: u32 = 128;
 
 pub fn handles(py: Python<'_>) -> PyResult<&Handles> {
     HANDLES.get_or_try_init(py, || {
-        let jax = private(py)?;
-        let numpy = py.import("numpy")?;
-        Ok(Handles {
-            trace_context: get(jax, "trace_context")?,
-            jit_key_states: jax
-                .getattr("jit_key_states")?
-                .try_iter()?
-                .map(|state| state.map(Bound::unbind))
-                .collect::<PyResult<_>>()?,
-            config_value: get(jax, "config_value")?,
-            post_hook_state: get(jax, "post_hook_state")?,
-            disable_jit_index: jax.getattr("DISABLE_JIT_INDEX")?.extract()?,
-            flatten_one_level: get(jax, "flatten_one_level_for_dispatch")?,
-            dataclass_fields: get(jax, "dataclass_fields")?,
-            shard_arg: get(jax, "shard_arg")?,
-            passes_as_is: get(jax, "passes_as_is")?,
-            consume_with_handlers: get(jax, "consume_with_handlers")?,
-            collect_garbage: get(jax, "collect_garbage")?,
-            executions: AtomicU32::new(0),
-            array_aval: get(jax, "array_aval")?,
-            array_sharding: get(jax, "array_sharding")?,
-            array_committed: get(jax, "array_committed")?,
-            array_is_deleted: get(jax, "array_is_deleted")?,
-            array_was_donated: get(jax, "array_was_donated")?,
-            guard_thread_state: get(jax, "transfer_guard_thread_state")?,
-            guard_global_state: get(jax, "transfer_guard_global_state")?,
-            guard_allow: get(jax, "TRANSFER_GUARD_ALLOW")?,
-            buffer_id: get(jax, "buffer_id")?,
-            runtime_error: get_type(jax, "JaxRuntimeError")?,
-            rewrap: get(jax, "array_rewrap")?,
-            asarray: get(&numpy, "asarray")?,
-            array_impl: get_type(jax, "ArrayImpl")?,
-            ndarray: get_type(&numpy, "ndarray")?,
-            numpy_scalar: get_type(&numpy, "generic")?,
-        })
+        let handles = fetch(py)?;
+        if handles.jit_key_states.len() >= MAX_STATES {
+            return Err(pyo3::exceptions::PyRuntimeError::new_err(format!(
+                "fastpjit._jax.jit_key_states has {} states; the dispatcher reads at most {}",
+                handles.jit_key_states.len(),
+                MAX_STATES - 1
+            )));
+        }
+        Ok(handles)
+    })
+}
+
+fn fetch(py: Python<'_>) -> PyResult<Handles> {
+    let jax = private(py)?;
+    let numpy = py.import("numpy")?;
+    Ok(Handles {
+        trace_context: get(jax, "trace_context")?,
+        jit_key_states: jax
+            .getattr("jit_key_states")?
+            .try_iter()?
+            .map(|state| state.map(Bound::unbind))
+            .collect::<PyResult<_>>()?,
+        config_value: get(jax, "config_value")?,
+        post_hook_state: get(jax, "post_hook_state")?,
+        disable_jit_index: jax.getattr("DISABLE_JIT_INDEX")?.extract()?,
+        flatten_one_level: get(jax, "flatten_one_level_for_dispatch")?,
+        dataclass_fields: get(jax, "dataclass_fields")?,
+        shard_arg: get(jax, "shard_arg")?,
+        passes_as_is: get(jax, "passes_as_is")?,
+        consume_with_handlers: get(jax, "consume_with_handlers")?,
+        collect_garbage: get(jax, "collect_garbage")?,
+        executions: AtomicU32::new(0),
+        array_aval: get(jax, "array_aval")?,
+        array_sharding: get(jax, "array_sharding")?,
+        array_committed: get(jax, "array_committed")?,
+        array_is_deleted: get(jax, "array_is_deleted")?,
+        array_was_donated: get(jax, "array_was_donated")?,
+        guard_thread_state: get(jax, "transfer_guard_thread_state")?,
+        guard_global_state: get(jax, "transfer_guard_global_state")?,
+        guard_allow: get(jax, "TRANSFER_GUARD_ALLOW")?,
+        buffer_id: get(jax, "buffer_id")?,
+        runtime_error: get_type(jax, "JaxRuntimeError")?,
+        rewrap: get(jax, "array_rewrap")?,
+        asarray: get(&numpy, "asarray")?,
+        array_impl: get_type(jax, "ArrayImpl")?,
+        ndarray: get_type(&numpy, "ndarray")?,
+        numpy_scalar: get_type(&numpy, "generic")?,
     })
 }
 

@@ -69,7 +69,7 @@ impl<'py> LiveCall<'py> {
             kwnames: Vec::new(),
             statics: Vec::new(),
             static_names: Vec::new(),
-            tree: Arc::new(Tree::empty()),
+            tree: Tree::empty(),
             nested: None,
             keys: Vec::new(),
             context,

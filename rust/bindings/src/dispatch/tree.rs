@@ -6,7 +6,7 @@
 //! against a known tree, which reads dicts by their known keys instead of sorting them again.
 
 use std::hash::{Hash, Hasher};
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use pyo3::gc::PyVisit;
 use pyo3::intern;
@@ -97,14 +97,17 @@ pub struct Tree {
 }
 
 impl Tree {
-    /// The tree of a call without dynamic arguments.
-    pub fn empty() -> Self {
-        Self {
-            nodes: Vec::new(),
-            hash: 0,
-            num_leaves: 0,
-            flat: true,
-        }
+    /// The tree of a call without dynamic arguments, shared.
+    pub fn empty() -> Arc<Self> {
+        static EMPTY: LazyLock<Arc<Tree>> = LazyLock::new(|| {
+            Arc::new(Tree {
+                nodes: Vec::new(),
+                hash: 0,
+                num_leaves: 0,
+                flat: true,
+            })
+        });
+        EMPTY.clone()
     }
 
     /// The tree of `args` and their leaves, read from the values; None when an argument holds
