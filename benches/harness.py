@@ -58,6 +58,9 @@ class Sides:
     floor: Callable[[], Any] | Call | None = None
     check: Callable[[Any, Any], Any] | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    # How many calls one invocation of a side makes (a burst on several threads, say): the
+    # times are reported per call.
+    calls: int = 1
 
 
 @dataclass(frozen=True)
@@ -188,7 +191,7 @@ def measure(name: str, sides: Sides, settings: Settings) -> dict[str, Any]:
             shift = round_index % len(order)
             for side in order[shift:] + order[:shift]:
                 ns = _mean_ns(calls[side], numbers[side], per_call)
-                samples[side].append(max(ns - empty_ns, 0.0) / 1e3)
+                samples[side].append(max(ns - empty_ns, 0.0) / 1e3 / sides.calls)
     finally:
         gc.enable()
     stats = {side: _stats(us) | {"number": numbers[side]} for side, us in samples.items()}

@@ -14,7 +14,7 @@ use pyo3::types::{PyBool, PyComplex, PyFloat, PyInt, PyList, PyTuple};
 use pyo3::PyTraverseError;
 
 use super::handles::Handles;
-use super::leaf::{aval_value, LiveLeaf, ScalarKind};
+use super::leaf::{LiveLeaf, ScalarKind};
 use super::miss::{Conversion, FastPath};
 use super::signature::{CallSignature, LeafKey, LiveCall};
 use crate::process_local::make_array_from_process_local_leaf;
@@ -193,7 +193,7 @@ impl Entry {
     ) -> PyResult<Bound<'py, PyAny>> {
         let (leaves, keys) = (call.leaves(), &call.keys[..]);
         if !self.donated.is_empty() {
-            self.check_donations(h, leaves, keys)?;
+            self.check_donations(h, leaves)?;
         }
         // jaxlib crashes on a deleted or donated input that spans devices, so those are
         // checked before; on one device it refuses them, and they are named after.
@@ -270,39 +270,22 @@ impl Entry {
         }
     }
 
-    /// Raises JAX's error where a donated argument's buffer is also another argument of the
-    /// call: jaxlib refuses it on one device and crashes on several. Arrays of one shape and
-    /// dtype on several devices may share buffers under different objects (a `device_put` to
-    /// an equivalent sharding does that), so those have their buffers compared.
-    fn check_donations(
-        &self,
-        h: &Handles,
-        leaves: &[Bound<'_, PyAny>],
-        keys: &[LiveLeaf<'_>],
-    ) -> PyResult<()> {
+    /// Raises JAX's error where a donated argument is also another argument of the call:
+    /// jaxlib refuses that on one device and crashes on several. (Two array objects over one
+    /// set of buffers, made with `jax.make_array_from_single_device_arrays` from another's
+    /// shards, are not told apart: comparing buffers waits for the arrays to be computed,
+    /// which a donation loop would pay on every call. JAX's own jit crashes on those too.)
+    fn check_donations(&self, h: &Handles, leaves: &[Bound<'_, PyAny>]) -> PyResult<()> {
         for &d in &self.donated {
             let donated = &leaves[d];
-            for (k, leaf) in leaves.iter().enumerate() {
-                if k == d {
-                    continue;
-                }
-                // A deleted array has no buffer; the check of each input names it.
-                let alias = leaf.is(donated)
-                    || (self.multi_device
-                        && same_aval(&keys[d], &keys[k])?
-                        && !is_deleted(h, leaf)?
-                        && !is_deleted(h, donated)?
-                        && buffer(h, leaf)?.eq(buffer(h, donated)?)?);
-                if alias {
-                    return Err(PyErr::from_type(
-                        h.runtime_error.bind(leaf.py()).clone(),
-                        format!(
-                            "INVALID_ARGUMENT: argument {d} (flattened) is donated, and its \
-                             buffer is also argument {k} of the same call: pass a copy to one \
-                             of them"
-                        ),
-                    ));
-                }
+            if let Some(k) = (0..leaves.len()).find(|&k| k != d && leaves[k].is(donated)) {
+                return Err(PyErr::from_type(
+                    h.runtime_error.bind(donated.py()).clone(),
+                    format!(
+                        "INVALID_ARGUMENT: argument {d} (flattened) is donated, and its buffer is \
+                         also argument {k} of the same call: pass a copy to one of them"
+                    ),
+                ));
             }
         }
         Ok(())
@@ -443,22 +426,4 @@ fn is_deleted(h: &Handles, array: &Bound<'_, PyAny>) -> PyResult<bool> {
         .bind(array.py())
         .call1((array,))?
         .is_truthy()
-}
-
-fn buffer<'py>(h: &Handles, array: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-    h.buffer_id.bind(array.py()).call1((array,))
-}
-
-/// Whether two leaves are arrays of one shape, dtype and weak type.
-fn same_aval(a: &LiveLeaf<'_>, b: &LiveLeaf<'_>) -> PyResult<bool> {
-    let (LiveLeaf::Array { aval: a, .. }, LiveLeaf::Array { aval: b, .. }) = (a, b) else {
-        return Ok(false);
-    };
-    if a.is(b) {
-        return Ok(true);
-    }
-    Ok(match (aval_value(a)?, aval_value(b)?) {
-        (Some(a), Some(b)) => a == b,
-        _ => false,
-    })
 }

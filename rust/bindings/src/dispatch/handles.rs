@@ -44,8 +44,6 @@ pub struct Handles {
     guard_thread_state: Py<PyAny>,
     guard_global_state: Py<PyAny>,
     guard_allow: Py<PyAny>,
-    /// Where an array's first shard lives: arrays that share it alias each other.
-    pub buffer_id: Py<PyAny>,
     /// JAX's error type for what jaxlib refuses to run.
     pub runtime_error: Py<PyType>,
     /// `ArrayImpl._rewrap_with_aval_and_sharding`: the same buffers as another global array.
@@ -105,7 +103,6 @@ fn fetch(py: Python<'_>) -> PyResult<Handles> {
         guard_thread_state: get(jax, "transfer_guard_thread_state")?,
         guard_global_state: get(jax, "transfer_guard_global_state")?,
         guard_allow: get(jax, "TRANSFER_GUARD_ALLOW")?,
-        buffer_id: get(jax, "buffer_id")?,
         runtime_error: get_type(jax, "JaxRuntimeError")?,
         rewrap: get(jax, "array_rewrap")?,
         asarray: get(&numpy, "asarray")?,
