@@ -14,6 +14,7 @@ import math
 import threading
 import time
 import warnings
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -1023,3 +1024,31 @@ def test_no_memory_growth_over_many_large_puts_and_gets(host_pool_limit):
     gc.collect()
     growth = _rss_bytes() - before
     assert growth < 64 * 2**20, f"RSS grew {growth / 2**20:.1f} MiB over 300 8 MiB round trips"
+
+
+# --- Transfer guards: device_put and device_get are explicit transfers -----------------------
+
+
+def _outcome(call: Any) -> str:
+    try:
+        call()
+    except Exception as e:  # compared between JAX and fastpjit
+        return type(e).__name__
+    return "ok"
+
+
+@pytest.mark.parametrize("level", ["allow", "log", "disallow", "log_explicit",
+                                   "disallow_explicit"])
+def test_transfer_guard_levels_treat_device_put_and_get_as_explicit(level):
+    sharding = NamedSharding(jax.make_mesh((8,), ("x",)), P("x"))
+    host = np.arange(32, dtype=np.float32).reshape(8, 4)
+    placed = jax.device_put(host, sharding)
+    fresh = jax.jit(lambda a: a + 1)(placed)
+    with jax.transfer_guard(level):
+        assert _outcome(lambda: fastpjit.device_put(host, sharding)) == _outcome(
+            lambda: jax.device_put(host, sharding))
+        assert _outcome(lambda: fastpjit.device_get(fresh)) == _outcome(
+            lambda: jax.device_get(fresh))
+    expected_put = "JaxRuntimeError" if level == "disallow_explicit" else "ok"
+    with jax.transfer_guard(level):
+        assert _outcome(lambda: fastpjit.device_put(host, sharding)) == expected_put
