@@ -575,6 +575,22 @@ def test_tracers_are_refused():
         jax.jit(lambda a, b: f(a, b))(*_values([(8, 4), (8, 4)]))
 
 
+def test_calls_depend_on_no_jax_configuration():
+    # A compiled module reads no configuration: x64, disable_jit, debug_nans or an active
+    # trace leave its calls cache hits (jax.jit would retrace or hand them to Python).
+    f = fastpjit.compile_hlo(ADD_HLO)
+    placed = [jax.device_put(v, s)
+              for v, s in zip(_values([(8, 4), (8, 4)]), f.input_shardings, strict=True)]
+    expected = np.asarray(f(*placed)[0])
+    counts = Counts()
+    with jax.disable_jit(), jax.debug_nans(True), jax.enable_x64(True):
+        (out,) = f(*placed)
+    jax.make_jaxpr(lambda: f(*placed))()
+    assert (counts["cache_misses"], counts["cache_hits"]) == (0, 2)
+    assert counts.fallbacks() == {}
+    np.testing.assert_array_equal(np.asarray(out), expected)
+
+
 def test_more_partitions_than_devices():
     text = ADD_HLO.replace("{devices=[2,1]0,1}", "{devices=[16,1]<=[16]}").replace(
         "f32[8,4]", "f32[16,4]")

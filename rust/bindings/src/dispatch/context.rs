@@ -44,13 +44,23 @@ impl<'py> LiveContext<'py> {
         })
     }
 
+    /// The jit key of a function that has none: a compiled module from another frontend
+    /// depends on no configuration, and no trace can stage it.
+    pub fn none(py: Python<'py>) -> Self {
+        Self {
+            trace: PyTuple::empty(py),
+            states: [const { None }; MAX_STATES],
+            num_states: 0,
+        }
+    }
+
     fn states(&self) -> impl Iterator<Item = &Bound<'py, PyAny>> {
         self.states[..self.num_states].iter().flatten()
     }
 
     /// JAX's post-hook, if one is set: the call's outputs go through it.
     pub fn post_hook(&self) -> Option<&Bound<'py, PyAny>> {
-        self.states[self.num_states - 1]
+        self.states[self.num_states.checked_sub(1)?]
             .as_ref()
             .filter(|hook| !hook.is_none())
     }
@@ -61,6 +71,9 @@ impl<'py> LiveContext<'py> {
 
     /// Whether `jax.disable_jit()` is on, in which case JAX calls the function itself.
     pub fn jit_disabled(&self, h: &Handles) -> PyResult<bool> {
+        if self.trace.is_empty() {
+            return Ok(false);
+        }
         self.trace.get_item(h.disable_jit_index)?.is_truthy()
     }
 

@@ -128,6 +128,9 @@ pub struct JitFunction {
     /// calls tend to repeat.
     recent: Mutex<Vec<Arc<Cached>>>,
     trees: Mutex<Vec<Arc<Tree>>>,
+    /// Whether calls are keyed by JAX's jit key; not those of a compiled foreign module,
+    /// which depends on no configuration and which no trace can stage.
+    keyed_by_context: bool,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -369,7 +372,7 @@ fn read_leaves<'py>(
 #[pymethods]
 impl JitFunction {
     #[new]
-    #[pyo3(signature = (fallback, miss, static_argnums, static_argnames, kind = "jit", capacity = 4096))]
+    #[pyo3(signature = (fallback, miss, static_argnums, static_argnames, kind = "jit", capacity = 4096, context = true))]
     fn new(
         fallback: Py<PyAny>,
         miss: Py<PyAny>,
@@ -377,6 +380,7 @@ impl JitFunction {
         static_argnames: Vec<Py<PyString>>,
         kind: &str,
         capacity: usize,
+        context: bool,
     ) -> Self {
         Self {
             fallback: Mutex::new(Some(fallback)),
@@ -389,6 +393,7 @@ impl JitFunction {
             cache: Mutex::new(LruBuckets::new(capacity)),
             recent: Mutex::new(Vec::with_capacity(RECENT)),
             trees: Mutex::new(Vec::new()),
+            keyed_by_context: context,
         }
     }
 
@@ -401,7 +406,11 @@ impl JitFunction {
         let py = slf.py();
         let this = slf.get();
         let h = handles(py)?;
-        let context = LiveContext::read(py, h)?;
+        let context = if this.keyed_by_context {
+            LiveContext::read(py, h)?
+        } else {
+            LiveContext::none(py)
+        };
         if context.jit_disabled(h)? {
             return this.to_jax(py, &this.reasons.disabled, args, kwargs);
         }
