@@ -591,6 +591,32 @@ def test_calls_depend_on_no_jax_configuration():
     np.testing.assert_array_equal(np.asarray(out), expected)
 
 
+@pytest.mark.parametrize("text", [ADD_HLO, MUL_HLO], ids=["2 devices", "8 devices"])
+def test_repeated_calls_of_placed_arrays_still_check_every_array(text):
+    # A repeat of the latest entry's arrays skips building a signature; what it takes must
+    # still be proven, and a deleted array named, not handed to jaxlib.
+    f = fastpjit.compile_hlo(text)
+    sharding = f.input_shardings[0]
+    values = _values([f.in_avals[0].shape] * 2)
+    a, b = (jax.device_put(v, s) for v, s in zip(values, f.input_shardings, strict=True))
+    counts = Counts()
+    (out,) = f(a, b)
+    for _ in range(3):
+        (out,) = f(out, b)  # the outputs' aval objects are not the first call's
+    assert (counts["cache_misses"], counts["cache_hits"]) == (1, 3)
+    assert counts.fallbacks() == {}
+    np.testing.assert_array_equal(np.asarray(out), values[0] * values[1] ** 4 if text is MUL_HLO
+                                  else values[0] + 4 * values[1])
+    shape = f.in_avals[1].shape
+    short = jax.device_put(np.zeros((shape[0] // 2, *shape[1:]), np.float32), sharding)
+    with pytest.raises(TypeError, match=r"parameter 1 expects float32\[.*\], got float32"):
+        f(out, short)
+    out.delete()
+    with pytest.raises(RuntimeError, match="deleted"):
+        f(out, b)
+    assert (counts["cache_misses"], counts["cache_hits"]) == (2, 4)
+
+
 def test_more_partitions_than_devices():
     text = ADD_HLO.replace("{devices=[2,1]0,1}", "{devices=[16,1]<=[16]}").replace(
         "f32[8,4]", "f32[16,4]")

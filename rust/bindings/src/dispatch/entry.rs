@@ -192,24 +192,13 @@ impl Entry {
         moved: &str,
     ) -> PyResult<Bound<'py, PyAny>> {
         let (leaves, keys) = (call.leaves(), &call.keys[..]);
-        if !self.donated.is_empty() {
-            self.check_donations(h, leaves)?;
-        }
-        // jaxlib crashes on a deleted or donated input that spans devices, so those are
-        // checked before; on one device it refuses them, and they are named after.
-        let check = |leaf: &Bound<'py, PyAny>, j: usize| {
-            if self.multi_device {
-                check_live(h, leaf, j)
-            } else {
-                Ok(())
-            }
-        };
         let inputs = if self.passthrough {
-            for (j, leaf) in leaves.iter().enumerate() {
-                check(leaf, j)?;
-            }
+            self.check_arrays(h, leaves)?;
             call.leaf_tuple()?
         } else {
+            if !self.donated.is_empty() {
+                self.check_donations(h, leaves)?;
+            }
             let mut inputs: Vec<Bound<'py, PyAny>> =
                 Vec::with_capacity(self.const_inputs.len() + leaves.len());
             inputs.extend(self.const_inputs.iter().map(|c| c.bind(py).clone()));
@@ -217,7 +206,9 @@ impl Entry {
                 match input {
                     Input::Dropped => {}
                     Input::Pass => {
-                        check(leaf, j)?;
+                        if self.multi_device {
+                            check_live(h, leaf, j)?;
+                        }
                         inputs.push(leaf.clone());
                     }
                     Input::Move(sharding) => {
@@ -245,11 +236,59 @@ impl Entry {
             }
             PyTuple::new(py, inputs)?
         };
+        self.execute(h, &inputs, leaves, |j| {
+            matches!(keys[j], LiveLeaf::Array { .. })
+        })
+    }
+
+    /// Whether a call's leaves are the executable's inputs as they are (see `run_arrays`).
+    pub fn passes_through(&self) -> bool {
+        self.passthrough
+    }
+
+    /// Runs the executable of a passthrough entry on `args`, a call's leaves, every one an
+    /// array that the call's signature has proven to be on its input sharding.
+    pub fn run_arrays<'py>(
+        &self,
+        h: &Handles,
+        args: &Bound<'py, PyTuple>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let leaves = args.as_slice();
+        self.check_arrays(h, leaves)?;
+        self.execute(h, args, leaves, |_| true)
+    }
+
+    /// Checks the arrays that a passthrough entry takes as they are. jaxlib crashes on a
+    /// deleted or donated input that spans devices, so those are checked before; on one device
+    /// it refuses them, and they are named after (see `execute`).
+    fn check_arrays(&self, h: &Handles, leaves: &[Bound<'_, PyAny>]) -> PyResult<()> {
+        if !self.donated.is_empty() {
+            self.check_donations(h, leaves)?;
+        }
+        if self.multi_device {
+            for (j, leaf) in leaves.iter().enumerate() {
+                check_live(h, leaf, j)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs the executable on `inputs`, made from `leaves`, and builds the outputs. Where
+    /// jaxlib refuses the inputs, the first deleted or donated array among the leaves (those
+    /// for which `is_array` holds) is named instead.
+    fn execute<'py>(
+        &self,
+        h: &Handles,
+        inputs: &Bound<'py, PyTuple>,
+        leaves: &[Bound<'py, PyAny>],
+        is_array: impl Fn(usize) -> bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let py = inputs.py();
         let results = match self.execute_sharded.bind(py).call1((inputs,)) {
             Ok(results) => results,
             Err(err) => {
-                for (j, (leaf, key)) in leaves.iter().zip(keys).enumerate() {
-                    if matches!(key, LiveLeaf::Array { .. }) {
+                for (j, leaf) in leaves.iter().enumerate() {
+                    if is_array(j) {
                         check_live(h, leaf, j)?;
                     }
                 }

@@ -238,6 +238,30 @@ pub enum LeafKey {
     Scalar(ScalarKind),
 }
 
+impl LeafKey {
+    /// Whether this is the key of an array of `aval` and `sharding` (commitment aside):
+    /// compared by identity first, by value on a miss.
+    pub fn holds_array(
+        &self,
+        live_aval: &Bound<'_, PyAny>,
+        live_sharding: &Bound<'_, PyAny>,
+    ) -> PyResult<bool> {
+        let LeafKey::Array {
+            aval,
+            value,
+            sharding,
+            sharding_id: id,
+            ..
+        } = self
+        else {
+            return Ok(false);
+        };
+        Ok((aval.is(live_aval)
+            || aval_value(live_aval)?.is_some_and(|live| live.as_ref() == value.as_ref()))
+            && (sharding.is(live_sharding) || sharding_id(live_sharding)? == *id))
+    }
+}
+
 /// The signature that a cache entry keeps.
 pub struct CallSignature {
     pub hash: u64,
@@ -248,6 +272,8 @@ pub struct CallSignature {
     pub tree: Arc<Tree>,
     pub leaves: Vec<LeafKey>,
     context: Context,
+    /// Whether the call was arrays alone, passed by position, with no static arguments.
+    pub positional_arrays: bool,
 }
 
 impl CallSignature {
@@ -282,7 +308,13 @@ impl CallSignature {
             });
         }
         let unbind_all = |v: &[Bound<'_, PyString>]| v.iter().map(|n| n.clone().unbind()).collect();
+        let positional_arrays = call.tree.flat
+            && call.kwnames.is_empty()
+            && call.statics.is_empty()
+            && leaves.len() == call.num_args
+            && leaves.iter().all(|l| matches!(l, LeafKey::Array { .. }));
         Ok(Some(Self {
+            positional_arrays,
             hash,
             num_args: call.num_args,
             kwnames: unbind_all(&call.kwnames),
@@ -342,24 +374,13 @@ fn same_names(kept: &[Py<PyString>], names: &[Bound<'_, PyString>]) -> bool {
 fn same_leaf(kept: &LeafKey, key: &LiveLeaf<'_>, leaf: &Bound<'_, PyAny>) -> PyResult<bool> {
     Ok(match (kept, key) {
         (
-            LeafKey::Array {
-                aval,
-                value,
-                sharding,
-                sharding_id: id,
-                committed,
-            },
+            LeafKey::Array { committed, .. },
             LiveLeaf::Array {
                 aval: live_aval,
                 sharding: live_sharding,
                 committed: live_committed,
             },
-        ) => {
-            committed == live_committed
-                && (aval.is(live_aval)
-                    || aval_value(live_aval)?.is_some_and(|live| live.as_ref() == value.as_ref()))
-                && (sharding.is(live_sharding) || sharding_id(live_sharding)? == *id)
-        }
+        ) => committed == live_committed && kept.holds_array(live_aval, live_sharding)?,
         (
             LeafKey::Host { dtype, kind, shape },
             LiveLeaf::Host {
