@@ -575,6 +575,17 @@ def test_tracers_are_refused():
         jax.jit(lambda a, b: f(a, b))(*_values([(8, 4), (8, 4)]))
 
 
+def test_the_compile_is_counted_once():
+    counts = Counts()
+    f = fastpjit.compile_hlo(ADD_HLO.replace("SyncTensorsGraph.9", "CountedOnce"))
+    assert counts["compiles"] == 1
+    placed = [jax.device_put(v, s)
+              for v, s in zip(_values([(8, 4), (8, 4)]), f.input_shardings, strict=True)]
+    for _ in range(3):
+        f(*placed)
+    assert (counts["compiles"], counts["cache_misses"], counts["cache_hits"]) == (1, 1, 2)
+
+
 def test_calls_depend_on_no_jax_configuration():
     # A compiled module reads no configuration: x64, disable_jit, debug_nans or an active
     # trace leave its calls cache hits (jax.jit would retrace or hand them to Python).
@@ -678,7 +689,7 @@ jax.monitoring.register_event_listener(
 f = fastpjit.compile_hlo(sys.argv[2])
 (out,) = f(np.ones((8, 4), np.float32), np.ones((8, 4), np.float32))
 print(json.dumps({"compiles": _jax.backend_compiles(), "hits": len(hits),
-                  "out": np.asarray(out).tolist()}))
+                  "stats": fastpjit.stats()["compiles"], "out": np.asarray(out).tolist()}))
 """
 
 
@@ -691,6 +702,6 @@ def test_persistent_compilation_cache_spares_a_second_process_the_compile(tmp_pa
         return json.loads(result.stdout.splitlines()[-1])
 
     first, second = child(), child()
-    assert (first["compiles"], first["hits"]) == (1, 0)
-    assert (second["compiles"], second["hits"]) == (0, 1)
+    assert (first["compiles"], first["stats"], first["hits"]) == (1, 1, 0)
+    assert (second["compiles"], second["stats"], second["hits"]) == (0, 0, 1)
     assert second["out"] == first["out"] == np.full((8, 4), 2.0).tolist()

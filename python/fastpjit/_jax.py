@@ -1188,18 +1188,22 @@ def compile_hlo_program(program: HloProgram, devices: Sequence[Any],
     build.allow_spmd_sharding_propagation_to_parameters = [False] * len(program.in_avals)
     build.allow_spmd_sharding_propagation_to_output = [
         not sharded for sharded in program.result_sharded]
+    compiles_before = _thread_compiles()
     with _dispatch.log_elapsed_time(
             "Finished XLA compilation of {fun_name} in {elapsed_time:.9f} sec",
             fun_name=program.name, event=_dispatch.BACKEND_COMPILE_EVENT):
         try:
             # JAX's persistent compilation cache first, and its IR dumps, as for a jit.
-            return _compiler.compile_or_get_cached(
+            executable = _compiler.compile_or_get_cached(
                 backend, program.module, device_array, options, [],
                 xc.DeviceList(tuple(devices)))
         except _jaxlib.JaxRuntimeError as err:
             if "INVALID_ARGUMENT" in str(err):
                 raise ValueError(f"XLA rejects the module: {err}") from None
             raise
+    # The event above counts the compile when the block ends (not a load from JAX's cache).
+    _native.count_compiles(_thread_compiles() - compiles_before)
+    return executable
 
 
 def _mark_donated(main: Any, donated: Sequence[bool]) -> None:

@@ -17,7 +17,7 @@ static FALLBACKS: Mutex<BTreeMap<String, u64>> = Mutex::new(BTreeMap::new());
 pub enum Counter {
     CacheHit,
     CacheMiss,
-    /// Backend compiles that a cache miss caused.
+    /// Backend compiles that a cache miss (or `compile_hlo`) caused.
     Compile(u64),
 }
 
@@ -69,6 +69,12 @@ pub fn reset_stats() {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .clear();
     crate::host_memory::reset_host_pool_counters();
+}
+
+/// Counts backend compiles that no cache miss reported (`compile_hlo`'s).
+#[pyfunction]
+pub fn count_compiles(n: u64) {
+    count(Counter::Compile(n));
 }
 
 /// Counts a fallback from Python code paths (`fastpjit.stats()["fallbacks"][reason]`).
