@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import statistics
 import threading
 import types
 from collections.abc import Callable
@@ -388,6 +389,19 @@ def _build_cases() -> list[Case]:
 CASES = _build_cases()
 
 
+def _noise(row: dict[str, Any]) -> str:
+    """fastpjit/JAX of a row, with the spread of its rounds' ratios."""
+    ratios = [ours / theirs for ours, theirs in zip(row["stats"]["ours"]["per_round"],
+                                                     row["stats"]["jax"]["per_round"],
+                                                     strict=True) if theirs > 0]
+    if len(ratios) < 2:
+        return f"{row['ours_us'] / row['jax_us']:.2f}×"
+    low, _, high = statistics.quantiles(ratios, n=4)
+    slower = sum(r > 1 for r in ratios)
+    return (f"{row['ours_us'] / row['jax_us']:.2f}×, rounds {low:.2f}–{high:.2f}×, "
+            f"slower in {slower} of {len(ratios)}")
+
+
 def notes(rows: list[dict[str, Any]], processes: Any) -> str:
     """The issue's goals, measured."""
     lines = ["**Goals** (issue 12): every row at most 1.0× JAX's time; 8-thread calls/s at least "
@@ -395,10 +409,13 @@ def notes(rows: list[dict[str, Any]], processes: Any) -> str:
     slower = [row for row in rows if row["ours_us"] > row["jax_us"]]
     worst = max(rows, key=lambda row: row["ours_us"] / row["jax_us"])
     lines.append(f"- Rows where fastpjit took longer than JAX: {len(slower)} of {len(rows)}"
-                 + (": " + "; ".join(f"{row['name']} ({row['ours_us'] / row['jax_us']:.2f}×)"
-                                     for row in slower) if slower else "")
+                 + (": " + "; ".join(f"{row['name']} ({_noise(row)})" for row in slower)
+                    if slower else "")
                  + f". Highest fastpjit/JAX: {worst['ours_us'] / worst['jax_us']:.2f}× "
                  f"({worst['name']}).")
+    lines.append("  Noise: each round times every side back to back, so fastpjit/JAX is also "
+                 "taken round by round; in parentheses, the median ratio, the middle half of "
+                 "the rounds' ratios, and how many rounds fastpjit took longer.")
     threads = {row["name"].rsplit(" on ", 1)[1]: row for row in rows if row["kind"] == "threads"}
     one = threads.get("1 thread")
     if one is not None:
