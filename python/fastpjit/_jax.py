@@ -84,7 +84,6 @@ __all__ = [
     "DISABLE_JIT_INDEX",
     "DuplicateSpecError",
     "execute",
-    "explicit_device_get_scope",
     "explicit_device_put_scope",
     "flatten_one_level_for_dispatch",
     "gspmd_sharding",
@@ -122,7 +121,6 @@ __all__ = [
     "TRANSFER_GUARD_ALLOW",
     "transfer_guard_global_state",
     "transfer_guard_thread_state",
-    "transfers_guarded",
 ]
 
 
@@ -237,19 +235,9 @@ collect_garbage = _jaxlib.collect_garbage
 transfer_guard_thread_state = _guard_lib.thread_local_state
 transfer_guard_global_state = _guard_lib.global_state()
 TRANSFER_GUARD_ALLOW = _guard_lib.TransferGuardLevel.ALLOW
-# The scopes in which jax.device_put and jax.device_get mark their transfers explicit, which
-# the "_explicit" guard levels watch and the others let through.
+# The scope in which jax.device_put marks its transfers explicit, which the "_explicit" guard
+# levels watch and the others let through.
 explicit_device_put_scope = _config.explicit_device_put_scope
-explicit_device_get_scope = _config.explicit_device_get_scope
-
-
-def transfers_guarded(direction: str) -> bool:
-    """Whether jaxlib's transfer guard watches transfers in `direction` ("host_to_device",
-    "device_to_host") on this thread now."""
-    level = getattr(transfer_guard_thread_state(), direction)
-    if level is None:
-        level = getattr(transfer_guard_global_state, direction)
-    return level is not None and level != TRANSFER_GUARD_ALLOW
 
 
 def dataclass_fields(kind: type) -> tuple[tuple[str, ...], tuple[str, ...]] | None:

@@ -67,7 +67,7 @@ def device_put(
         # Under jit, grad or vmap, JAX binds its device_put primitive, for tracers and host
         # values alike.
         return _fallback("device_put: under a JAX trace", x, device)
-    if _jax.transfers_guarded("host_to_device"):
+    if _core.transfers_guarded("host_to_device"):
         # An explicit transfer, as jax.device_put's: the transfer guard's "_explicit" levels
         # watch it, the others let it through.
         with _jax.explicit_device_put_scope():
@@ -110,7 +110,7 @@ def device_get(x: Any) -> Any:
     Rust, into one preallocated array; other values come back as JAX gives them (unchanged,
     or through their `__array__`).
     """
-    if _jax.transfers_guarded("device_to_host"):
+    if _core.transfers_guarded("device_to_host"):
         # fastpjit reads CPU shards through the buffer protocol, where jaxlib checks no guard.
         return _fallback_get("device_get: a transfer guard is set; JAX applies it", x)
     if type(x) is _jax.ArrayImpl:

@@ -47,5 +47,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<dispatch::CacheMiss>()?;
     m.add_function(wrap_pyfunction!(dispatch::clear_dispatch_memo, m)?)?;
     m.add_function(wrap_pyfunction!(dispatch::dispatch_memo_sizes, m)?)?;
+    m.add_function(wrap_pyfunction!(dispatch::transfers_guarded, m)?)?;
     Ok(())
 }

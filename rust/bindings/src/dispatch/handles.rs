@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::PyType;
+use pyo3::types::{PyString, PyType};
 
 use super::context::MAX_STATES;
 use crate::jax::{attribute as get, private, type_attribute as get_type};
@@ -113,13 +113,22 @@ fn fetch(py: Python<'_>) -> PyResult<Handles> {
 }
 
 impl Handles {
-    /// Whether jaxlib's transfer guard watches implicit host-to-device transfers now, on this
-    /// thread.
+    /// Whether jaxlib's transfer guard watches host-to-device transfers now, on this thread.
     pub fn host_transfers_guarded(&self, py: Python<'_>) -> PyResult<bool> {
-        let name = pyo3::intern!(py, "host_to_device");
-        let mut level = self.guard_thread_state.bind(py).call0()?.getattr(name)?;
+        self.transfers_guarded(pyo3::intern!(py, "host_to_device"))
+    }
+
+    /// Whether jaxlib's transfer guard watches transfers in `direction` (`"host_to_device"`,
+    /// `"device_to_host"`, ...) now, on this thread.
+    pub fn transfers_guarded(&self, direction: &Bound<'_, PyString>) -> PyResult<bool> {
+        let py = direction.py();
+        let mut level = self
+            .guard_thread_state
+            .bind(py)
+            .call0()?
+            .getattr(direction)?;
         if level.is_none() {
-            level = self.guard_global_state.bind(py).getattr(name)?;
+            level = self.guard_global_state.bind(py).getattr(direction)?;
         }
         let allow = self.guard_allow.bind(py);
         Ok(!(level.is_none() || level.is(allow) || level.eq(allow)?))

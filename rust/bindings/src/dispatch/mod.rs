@@ -570,6 +570,13 @@ pub fn clear_dispatch_memo() {
     leaf::clear_memo();
 }
 
+/// Whether jaxlib's transfer guard watches transfers in `direction` (`"host_to_device"`,
+/// `"device_to_host"`) now, on this thread.
+#[pyfunction]
+pub fn transfers_guarded(direction: &Bound<'_, PyString>) -> PyResult<bool> {
+    handles(direction.py())?.transfers_guarded(direction)
+}
+
 /// How many avals and shardings the dispatcher remembers.
 #[pyfunction]
 pub fn dispatch_memo_sizes() -> (usize, usize) {
