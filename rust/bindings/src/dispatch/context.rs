@@ -71,9 +71,6 @@ impl<'py> LiveContext<'py> {
 
     /// Whether `jax.disable_jit()` is on, in which case JAX calls the function itself.
     pub fn jit_disabled(&self, h: &Handles) -> PyResult<bool> {
-        if self.trace.is_empty() {
-            return Ok(false);
-        }
         self.trace.get_item(h.disable_jit_index)?.is_truthy()
     }
 

@@ -446,7 +446,11 @@ impl JitFunction {
         let this = slf.get();
         let h = handles(py)?;
         let context = if this.keyed_by_context {
-            LiveContext::read(py, h)?
+            let context = LiveContext::read(py, h)?;
+            if context.jit_disabled(h)? {
+                return this.to_jax(py, &this.reasons.disabled, args, kwargs);
+            }
+            context
         } else {
             if kwargs.is_none_or(PyDictMethods::is_empty) {
                 if let Some(out) = this.run_repeat(h, args)? {
@@ -455,9 +459,6 @@ impl JitFunction {
             }
             LiveContext::none(py)
         };
-        if context.jit_disabled(h)? {
-            return this.to_jax(py, &this.reasons.disabled, args, kwargs);
-        }
         let mut call = LiveCall::split(&this.statics, args, kwargs, context)?;
         let latest = lock(&this.recent).first().cloned();
         if !this.flatten(py, h, &mut call, latest.as_ref())? {
