@@ -628,6 +628,29 @@ def test_repeated_calls_of_placed_arrays_still_check_every_array(text):
     assert (counts["cache_misses"], counts["cache_hits"]) == (2, 4)
 
 
+def test_an_array_made_at_a_freed_arrays_address_is_checked_anew():
+    # The repeat path remembers the latest call's arrays; CPython gives a new array the
+    # address of one just freed, and that one must still be checked.
+    f = fastpjit.compile_hlo(ADD_HLO)
+    sharding, shape = f.input_shardings[0], f.in_avals[0].shape
+    b = jax.device_put(np.ones(shape, np.float32), f.input_shardings[1])
+    full = jax.jit(lambda: jnp.ones(shape, jnp.float32), out_shardings=sharding)
+    short = jax.jit(lambda: jnp.ones((shape[0] // 2, *shape[1:]), jnp.float32),
+                    out_shardings=sharding)
+    reused = 0
+    for _ in range(5):
+        a = full()
+        for _ in range(3):
+            f(a, b)
+        address = id(a)
+        del a
+        c = short()
+        reused += id(c) == address
+        with pytest.raises(TypeError, match=r"parameter 0 expects float32\[.*\], got float32"):
+            f(c, b)
+    assert reused, "no array was made at a freed array's address: this test proves nothing"
+
+
 def test_more_partitions_than_devices():
     text = ADD_HLO.replace("{devices=[2,1]0,1}", "{devices=[16,1]<=[16]}").replace(
         "f32[8,4]", "f32[16,4]")

@@ -8,9 +8,13 @@ use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::gc::PyVisit;
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyComplex, PyFloat, PyInt, PyTuple};
+use pyo3::types::{
+    PyBool, PyComplex, PyFloat, PyInt, PyTuple, PyWeakrefMethods, PyWeakrefReference,
+};
+use pyo3::PyTraverseError;
 use rustc_hash::{FxBuildHasher, FxHashMap, FxHasher};
 
 use super::handles::Handles;
@@ -92,11 +96,7 @@ impl<'py> LiveLeaf<'py> {
         let py = leaf.py();
         let kind = leaf.get_type_ptr();
         if std::ptr::eq(kind, h.array_impl.as_ptr().cast()) {
-            return Ok(Some(Self::Array {
-                aval: h.array_aval.bind(py).call1((leaf,))?,
-                sharding: h.array_sharding.bind(py).call1((leaf,))?,
-                committed: h.array_committed.bind(py).call1((leaf,))?.is_truthy()?,
-            }));
+            return Self::array(h, leaf).map(Some);
         }
         if let Some(kind) = scalar_kind(leaf) {
             return Ok(Some(Self::Scalar(kind)));
@@ -121,6 +121,120 @@ impl<'py> LiveLeaf<'py> {
             }));
         }
         Ok(None)
+    }
+
+    /// Reads `array`, a `jax.Array` (`ArrayImpl`).
+    fn array(h: &Handles, array: &Bound<'py, PyAny>) -> PyResult<Self> {
+        let py = array.py();
+        Ok(Self::Array {
+            aval: h.array_aval.bind(py).call1((array,))?,
+            sharding: h.array_sharding.bind(py).call1((array,))?,
+            committed: h.array_committed.bind(py).call1((array,))?.is_truthy()?,
+        })
+    }
+}
+
+/// The arrays of a function's latest call, by position among its flat leaves, with what the
+/// call signature reads of each: its aval, sharding and commitment, which are fixed for the
+/// array's life. A call that passes the same arrays again reads none of them.
+///
+/// An array is held by a weak reference, which tells it apart from a new array at its
+/// address once it is gone. A reference is made only for an array found at the same position
+/// and address in two calls in a row, so that calls with new arrays every time (batches, a
+/// donated state) make none.
+#[derive(Default)]
+pub struct SeenArrays {
+    slots: Vec<Seen>,
+}
+
+#[derive(Default)]
+enum Seen {
+    #[default]
+    Nothing,
+    /// An array was at this address, and is not held.
+    At(usize),
+    Held {
+        array: Py<PyWeakrefReference>,
+        aval: Py<PyAny>,
+        sharding: Py<PyAny>,
+        committed: bool,
+    },
+}
+
+/// How many positions a function remembers arrays at.
+const SEEN_POSITIONS: usize = 1 << 16;
+
+impl SeenArrays {
+    /// Reads `leaf`, the call's leaf at `position`, as `LiveLeaf::read` does.
+    pub fn read<'py>(
+        &mut self,
+        h: &Handles,
+        position: usize,
+        leaf: &Bound<'py, PyAny>,
+    ) -> PyResult<Option<LiveLeaf<'py>>> {
+        if position >= SEEN_POSITIONS
+            || !std::ptr::eq(leaf.get_type_ptr(), h.array_impl.as_ptr().cast())
+        {
+            return LiveLeaf::read(h, leaf);
+        }
+        if self.slots.len() <= position {
+            self.slots.resize_with(position + 1, Seen::default);
+        }
+        let py = leaf.py();
+        let slot = &mut self.slots[position];
+        if let Seen::Held {
+            array,
+            aval,
+            sharding,
+            committed,
+        } = slot
+        {
+            if array.bind(py).upgrade().is_some_and(|a| a.is(leaf)) {
+                return Ok(Some(LiveLeaf::Array {
+                    aval: aval.bind(py).clone(),
+                    sharding: sharding.bind(py).clone(),
+                    committed: *committed,
+                }));
+            }
+        }
+        let live = LiveLeaf::array(h, leaf)?;
+        let address = id(leaf);
+        let seen = match (&*slot, &live) {
+            (
+                Seen::At(at),
+                LiveLeaf::Array {
+                    aval,
+                    sharding,
+                    committed,
+                },
+            ) if *at == address => Seen::Held {
+                array: PyWeakrefReference::new(leaf)?.unbind(),
+                aval: aval.clone().unbind(),
+                sharding: sharding.clone().unbind(),
+                committed: *committed,
+            },
+            _ => Seen::At(address),
+        };
+        *slot = seen;
+        Ok(Some(live))
+    }
+
+    /// Visits the objects held: weak references, avals and shardings.
+    pub fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        for slot in &self.slots {
+            if let Seen::Held {
+                array,
+                aval,
+                sharding,
+                ..
+            } = slot
+            {
+                visit.call(array)?;
+                visit.call(aval)?;
+                visit.call(sharding)?;
+            }
+        }
+        Ok(())
     }
 }
 

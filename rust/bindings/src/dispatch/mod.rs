@@ -30,9 +30,9 @@ use crate::stats::{count, count_fallback, Counter};
 use context::LiveContext;
 use entry::Entry;
 use handles::{handles, Handles};
-use leaf::LiveLeaf;
+use leaf::{LiveLeaf, SeenArrays};
 pub use miss::{CacheMiss, FastPath};
-use signature::{CallSignature, LiveCall, StaticArgs, Unkeyable};
+use signature::{CallSignature, LeafKey, LiveCall, StaticArgs, Unkeyable};
 use tree::Tree;
 
 /// What a cache entry holds once its miss has run.
@@ -128,6 +128,9 @@ pub struct JitFunction {
     /// calls tend to repeat.
     recent: Mutex<Vec<Arc<Cached>>>,
     trees: Mutex<Vec<Arc<Tree>>>,
+    /// The arrays of the latest call, by position; a call takes them while it reads its
+    /// leaves, and leaves its own.
+    seen: Mutex<SeenArrays>,
     /// Whether calls are keyed by JAX's jit key; not those of a compiled foreign module,
     /// which depends on no configuration and which no trace can stage.
     keyed_by_context: bool,
@@ -169,11 +172,27 @@ impl JitFunction {
         call: &mut LiveCall<'py>,
         latest: Option<&Arc<Cached>>,
     ) -> PyResult<bool> {
+        // Taken out of the lock, which reading leaves (Python) must not hold.
+        let mut seen = std::mem::take(&mut *lock(&self.seen));
+        let flattened = self.flatten_seen(py, h, call, latest, &mut seen);
+        let dropped = std::mem::replace(&mut *lock(&self.seen), seen);
+        drop(dropped);
+        flattened
+    }
+
+    fn flatten_seen<'py>(
+        &self,
+        py: Python<'py>,
+        h: &Handles,
+        call: &mut LiveCall<'py>,
+        latest: Option<&Arc<Cached>>,
+        seen: &mut SeenArrays,
+    ) -> PyResult<bool> {
         if let Some(latest) = latest {
             let tree = &latest.signature.tree;
             if tree.flat {
                 if call.dynamic().len() == tree.num_leaves {
-                    if let Some(keys) = read_leaves(h, call.dynamic())? {
+                    if let Some(keys) = read_leaves(h, seen, call.dynamic())? {
                         call.set_tree(tree.clone(), None, keys);
                         return Ok(true);
                     }
@@ -181,7 +200,7 @@ impl JitFunction {
             } else {
                 let mut leaves = Vec::with_capacity(tree.num_leaves);
                 if tree.flatten(h, call.dynamic(), &mut leaves)? {
-                    if let Some(keys) = read_leaves(h, &leaves)? {
+                    if let Some(keys) = read_leaves(h, seen, &leaves)? {
                         call.set_tree(tree.clone(), Some(leaves), keys);
                         return Ok(true);
                     }
@@ -191,7 +210,7 @@ impl JitFunction {
         let Some((tree, leaves)) = Tree::derive(py, h, call.dynamic())? else {
             return Ok(false);
         };
-        let Some(keys) = read_leaves(h, &leaves)? else {
+        let Some(keys) = read_leaves(h, seen, &leaves)? else {
             return Ok(false);
         };
         let tree = self.intern(py, tree)?;
@@ -250,7 +269,6 @@ impl JitFunction {
         h: &Handles,
         args: &Bound<'py, PyTuple>,
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
-        let py = args.py();
         let Some(latest) = lock(&self.recent).first().cloned() else {
             return Ok(None);
         };
@@ -264,19 +282,40 @@ impl JitFunction {
         {
             return Ok(None);
         }
-        for (arg, key) in args.iter().zip(&signature.leaves) {
-            if !std::ptr::eq(arg.get_type_ptr(), h.array_impl.as_ptr().cast()) {
-                return Ok(None);
-            }
-            let aval = h.array_aval.bind(py).call1((&arg,))?;
-            let sharding = h.array_sharding.bind(py).call1((&arg,))?;
-            if !key.holds_array(&aval, &sharding)? {
-                return Ok(None);
-            }
+        if !args
+            .iter()
+            .all(|arg| std::ptr::eq(arg.get_type_ptr(), h.array_impl.as_ptr().cast()))
+        {
+            return Ok(None);
+        }
+        let mut seen = std::mem::take(&mut *lock(&self.seen));
+        let held = Self::holds_arrays(h, &mut seen, args, &signature.leaves);
+        let dropped = std::mem::replace(&mut *lock(&self.seen), seen);
+        drop(dropped);
+        if !held? {
+            return Ok(None);
         }
         count(Counter::CacheHit);
         latest.used.mark();
         entry.run_arrays(h, args).map(Some)
+    }
+
+    /// Whether `args`, every one an `ArrayImpl`, have the avals and shardings of `keys`.
+    fn holds_arrays(
+        h: &Handles,
+        seen: &mut SeenArrays,
+        args: &Bound<'_, PyTuple>,
+        keys: &[LeafKey],
+    ) -> PyResult<bool> {
+        for (position, (arg, key)) in args.iter().zip(keys).enumerate() {
+            let Some(LiveLeaf::Array { aval, sharding, .. }) = seen.read(h, position, &arg)? else {
+                return Ok(false);
+            };
+            if !key.holds_array(&aval, &sharding)? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     /// The recent entry whose signature `call` has, if any.
@@ -396,11 +435,12 @@ impl JitFunction {
 /// Reads every leaf; None if one is not a value the dispatcher keys.
 fn read_leaves<'py>(
     h: &Handles,
+    seen: &mut SeenArrays,
     leaves: &[Bound<'py, PyAny>],
 ) -> PyResult<Option<Vec<LiveLeaf<'py>>>> {
     let mut keys = Vec::with_capacity(leaves.len());
-    for leaf in leaves {
-        let Some(key) = LiveLeaf::read(h, leaf)? else {
+    for (position, leaf) in leaves.iter().enumerate() {
+        let Some(key) = seen.read(h, position, leaf)? else {
             return Ok(None);
         };
         keys.push(key);
@@ -432,6 +472,7 @@ impl JitFunction {
             cache: Mutex::new(LruBuckets::new(capacity)),
             recent: Mutex::new(Vec::with_capacity(RECENT)),
             trees: Mutex::new(Vec::new()),
+            seen: Mutex::new(SeenArrays::default()),
             keyed_by_context: context,
         }
     }
@@ -528,7 +569,8 @@ impl JitFunction {
         let entries = lock(&self.cache).drain();
         let recent = std::mem::take(&mut *lock(&self.recent));
         let trees = std::mem::take(&mut *lock(&self.trees));
-        drop((entries, recent, trees));
+        let seen = std::mem::take(&mut *lock(&self.seen));
+        drop((entries, recent, trees, seen));
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
@@ -554,6 +596,9 @@ impl JitFunction {
             for tree in trees.iter() {
                 tree.traverse(&visit)?;
             }
+        }
+        if let Ok(seen) = self.seen.try_lock() {
+            seen.traverse(&visit)?;
         }
         Ok(())
     }
