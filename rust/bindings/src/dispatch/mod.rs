@@ -296,7 +296,6 @@ impl JitFunction {
             return Ok(None);
         }
         count(Counter::CacheHit);
-        latest.used.mark();
         entry.run_arrays(h, args).map(Some)
     }
 
@@ -531,8 +530,12 @@ impl JitFunction {
             match cached.outcome.get() {
                 Some(Outcome::Run(entry)) => {
                     count(Counter::CacheHit);
-                    cached.used.mark();
-                    this.note_recent(&cached);
+                    // The latest entry is the most recently used already: neither its stamp
+                    // nor the list of recent entries needs writing.
+                    if !latest.as_ref().is_some_and(|l| Arc::ptr_eq(l, &cached)) {
+                        cached.used.mark();
+                        this.note_recent(&cached);
+                    }
                     let out = match entry.run(py, h, &call, &this.reasons.moved) {
                         Err(err) if err.is_instance_of::<PyOverflowError>(py) => {
                             // A Python int too large for its dtype: JAX's path names it.
