@@ -172,12 +172,17 @@ impl JitFunction {
         call: &mut LiveCall<'py>,
         latest: Option<&Arc<Cached>>,
     ) -> PyResult<bool> {
-        // Taken out of the lock, which reading leaves (Python) must not hold.
+        self.with_seen(|seen| self.flatten_seen(py, h, call, latest, seen))
+    }
+
+    /// Runs `f` on the latest call's arrays, taken out of their lock, which reading leaves
+    /// (Python) must not hold; another thread's call meanwhile finds none.
+    fn with_seen<R>(&self, f: impl FnOnce(&mut SeenArrays) -> R) -> R {
         let mut seen = std::mem::take(&mut *lock(&self.seen));
-        let flattened = self.flatten_seen(py, h, call, latest, &mut seen);
+        let result = f(&mut seen);
         let dropped = std::mem::replace(&mut *lock(&self.seen), seen);
         drop(dropped);
-        flattened
+        result
     }
 
     fn flatten_seen<'py>(
@@ -288,11 +293,7 @@ impl JitFunction {
         {
             return Ok(None);
         }
-        let mut seen = std::mem::take(&mut *lock(&self.seen));
-        let held = Self::holds_arrays(h, &mut seen, args, &signature.leaves);
-        let dropped = std::mem::replace(&mut *lock(&self.seen), seen);
-        drop(dropped);
-        if !held? {
+        if !self.with_seen(|seen| Self::holds_arrays(h, seen, args, &signature.leaves))? {
             return Ok(None);
         }
         count(Counter::CacheHit);
