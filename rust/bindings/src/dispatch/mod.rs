@@ -163,18 +163,6 @@ impl JitFunction {
         Self::callable(py, &self.fallback)?.call(args, kwargs)
     }
 
-    /// Flattens the call's dynamic arguments and reads their leaves, against the latest
-    /// entry's tree when the call has it; false if JAX must handle a leaf.
-    fn flatten<'py>(
-        &self,
-        py: Python<'py>,
-        h: &Handles,
-        call: &mut LiveCall<'py>,
-        latest: Option<&Arc<Cached>>,
-    ) -> PyResult<bool> {
-        self.with_seen(|seen| self.flatten_seen(py, h, call, latest, seen))
-    }
-
     /// Runs `f` on the latest call's arrays, taken out of their lock, which reading leaves
     /// (Python) must not hold; another thread's call meanwhile finds none.
     fn with_seen<R>(&self, f: impl FnOnce(&mut SeenArrays) -> R) -> R {
@@ -185,7 +173,10 @@ impl JitFunction {
         result
     }
 
-    fn flatten_seen<'py>(
+    /// Flattens the call's dynamic arguments and reads their leaves (the arrays of the latest
+    /// call as `seen` remembers them), against the latest entry's tree when the call has it;
+    /// false if JAX must handle a leaf.
+    fn flatten<'py>(
         &self,
         py: Python<'py>,
         h: &Handles,
@@ -287,12 +278,6 @@ impl JitFunction {
         {
             return Ok(None);
         }
-        if !args
-            .iter()
-            .all(|arg| std::ptr::eq(arg.get_type_ptr(), h.array_impl.as_ptr().cast()))
-        {
-            return Ok(None);
-        }
         if !self.with_seen(|seen| Self::holds_arrays(h, seen, args, &signature.leaves))? {
             return Ok(None);
         }
@@ -300,7 +285,7 @@ impl JitFunction {
         entry.run_arrays(h, args).map(Some)
     }
 
-    /// Whether `args`, every one an `ArrayImpl`, have the avals and shardings of `keys`.
+    /// Whether `args` are `jax.Array`s with the avals and shardings of `keys`.
     fn holds_arrays(
         h: &Handles,
         seen: &mut SeenArrays,
@@ -502,7 +487,7 @@ impl JitFunction {
         };
         let mut call = LiveCall::split(&this.statics, args, kwargs, context)?;
         let latest = lock(&this.recent).first().cloned();
-        if !this.flatten(py, h, &mut call, latest.as_ref())? {
+        if !this.with_seen(|seen| this.flatten(py, h, &mut call, latest.as_ref(), seen))? {
             return this.to_jax(py, this.reasons.unkeyable(Unkeyable::Leaf), args, kwargs);
         }
         let mut found = Self::lookup_recent(&call, latest.as_slice())?;
