@@ -23,12 +23,15 @@ impl<K: Eq + Hash, V: Clone> BoundedCache<K, V> {
     }
 
     pub fn insert(&self, key: K, value: V) {
-        let mut guard = self.lock();
-        let map = guard.get_or_insert_with(HashMap::new);
-        if map.len() >= self.capacity {
-            map.clear();
-        }
-        map.insert(key, value);
+        let released = {
+            let mut guard = self.lock();
+            let map = guard.get_or_insert_with(HashMap::new);
+            let forgotten = (map.len() >= self.capacity).then(|| std::mem::take(map));
+            (forgotten, map.insert(key, value))
+        };
+        // Released after the lock: freeing a value's Python objects can run Python, during
+        // which another thread may take the GIL and wait for this lock.
+        drop(released);
     }
 
     pub fn len(&self) -> usize {

@@ -404,12 +404,18 @@ impl ScalarInput {
             }
         }
         let array = self.host.place(leaf)?;
+        // The copies replaced are released after the lock: freeing a jax.Array releases the
+        // GIL, and a thread that takes it may be waiting for this lock.
         let dropped = {
             let mut copies = lock();
-            copies.retain(|(b, _)| *b != bits);
-            copies.insert(0, (bits, array.clone().unbind()));
-            let keep = copies.len().min(SCALAR_COPIES);
-            copies.split_off(keep)
+            let (replaced, mut kept): (Vec<ScalarCopy>, Vec<ScalarCopy>) =
+                std::mem::take(&mut *copies)
+                    .into_iter()
+                    .partition(|(b, _)| *b == bits);
+            kept.insert(0, (bits, array.clone().unbind()));
+            let evicted = kept.split_off(kept.len().min(SCALAR_COPIES));
+            *copies = kept;
+            (replaced, evicted)
         };
         drop(dropped);
         Ok(array)
