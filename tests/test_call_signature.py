@@ -341,14 +341,37 @@ def test_an_array_made_at_a_freed_arrays_address_is_read_anew():
     assert reused, "no array was made at a freed array's address: this test proves nothing"
 
 
+def test_alternating_arrays_then_one_made_at_a_freed_arrays_address_is_read_anew():
+    # Calls that alternate between two arrays find both remembered; a new array at the
+    # address of one of them, freed, must not pass for it.
+    ours, theirs = both(lambda a: a * 2)
+    floats = jax.jit(lambda: jnp.ones((3,), jnp.float32))
+    ints = jax.jit(lambda: jnp.arange(5, dtype=jnp.int32))
+    other = jnp.ones((2, 2), jnp.float16)
+    reused = 0
+    for _ in range(10):
+        a = floats()
+        for _ in range(3):
+            for x in (a, other):
+                assert_same_outputs(ours(x), theirs(x))
+        address = id(a)
+        del a
+        b = ints()
+        reused += id(b) == address
+        for x in (other, b, other, b):
+            assert_same_outputs(ours(x), theirs(x))
+    assert reused, "no array was made at a freed array's address: this test proves nothing"
+
+
 def test_calls_keep_no_argument_alive():
     f = fastpjit.jit(lambda a: a + 1)
-    a = jnp.ones(3)
+    a, b = jnp.ones(3), jnp.ones(4)
     for _ in range(3):
         f(a)
-    alive = weakref.ref(a)
-    del a
-    assert alive() is None
+        f(b)
+    alive = weakref.ref(a), weakref.ref(b)
+    del a, b
+    assert [r() for r in alive] == [None, None]
 
 
 @pytest.mark.parametrize("value", [0.0, -0.0, 1.5, float("nan"), 3, -3, True, False, 2j])

@@ -135,31 +135,46 @@ impl<'py> LiveLeaf<'py> {
     }
 }
 
-/// The arrays of a function's latest call, by position among its flat leaves, with what the
-/// call signature reads of each: its aval, sharding and commitment, which are fixed for the
-/// array's life. A call that passes the same arrays again reads none of them.
+/// The arrays of a function's latest calls, two by position among its flat leaves (so that
+/// calls that alternate between two arrays find both), with what the call signature reads of
+/// each: its aval, sharding and commitment, which are fixed for the array's life. A call that
+/// passes one of those arrays again reads nothing of it.
 ///
 /// An array is held by a weak reference, which tells it apart from a new array at its
-/// address once it is gone. A reference is made only for an array found at the same position
-/// and address in two calls in a row, so that calls with new arrays every time (batches, a
-/// donated state) make none.
+/// address once it is gone. A reference is made only for an array found at an address that
+/// one of the two latest calls had at its position, so that calls with new arrays every time
+/// (batches) make none. A loop whose new arrays take the addresses that its old ones freed (a
+/// donated state, whose arrays alternate between two addresses) makes a reference or two at a
+/// position, then none: an address where a held array was found replaced by a new one is
+/// never held again while it stays among the two.
 #[derive(Default)]
 pub struct SeenArrays {
-    slots: Vec<Seen>,
+    slots: Vec<[Seen; 2]>,
 }
 
 #[derive(Default)]
 enum Seen {
     #[default]
     Nothing,
-    /// An array was at this address, and is not held.
-    At(usize),
+    /// An array was at this address, and is not held; `hold`: whether an array found at this
+    /// address again is held.
+    At { address: usize, hold: bool },
     Held {
+        address: usize,
         array: Py<PyWeakrefReference>,
         aval: Py<PyAny>,
         sharding: Py<PyAny>,
         committed: bool,
     },
+}
+
+impl Seen {
+    fn address(&self) -> Option<usize> {
+        match self {
+            Self::Nothing => None,
+            Self::At { address, .. } | Self::Held { address, .. } => Some(*address),
+        }
+    }
 }
 
 /// How many positions a function remembers arrays at.
@@ -179,50 +194,72 @@ impl SeenArrays {
             return LiveLeaf::read(h, leaf);
         }
         if self.slots.len() <= position {
-            self.slots.resize_with(position + 1, Seen::default);
+            self.slots.resize_with(position + 1, Default::default);
         }
         let py = leaf.py();
-        let slot = &mut self.slots[position];
-        if let Seen::Held {
-            array,
-            aval,
-            sharding,
-            committed,
-        } = slot
-        {
-            if array.bind(py).upgrade().is_some_and(|a| a.is(leaf)) {
-                return Ok(Some(LiveLeaf::Array {
-                    aval: aval.bind(py).clone(),
-                    sharding: sharding.bind(py).clone(),
-                    committed: *committed,
-                }));
+        let pair = &mut self.slots[position];
+        for i in 0..2 {
+            if let Seen::Held {
+                array,
+                aval,
+                sharding,
+                committed,
+                ..
+            } = &pair[i]
+            {
+                if array.bind(py).upgrade().is_some_and(|a| a.is(leaf)) {
+                    let live = LiveLeaf::Array {
+                        aval: aval.bind(py).clone(),
+                        sharding: sharding.bind(py).clone(),
+                        committed: *committed,
+                    };
+                    pair.swap(0, i);
+                    return Ok(Some(live));
+                }
             }
         }
         let live = LiveLeaf::array(h, leaf)?;
         let address = id(leaf);
-        let seen = match (&*slot, &live) {
+        let found = pair.iter().position(|s| s.address() == Some(address));
+        let seen = match (found.map(|i| &pair[i]), &live) {
             (
-                Seen::At(at),
+                Some(Seen::At { hold: true, .. }),
                 LiveLeaf::Array {
                     aval,
                     sharding,
                     committed,
                 },
-            ) if *at == address => Seen::Held {
+            ) => Seen::Held {
+                address,
                 array: PyWeakrefReference::new(leaf)?.unbind(),
                 aval: aval.clone().unbind(),
                 sharding: sharding.clone().unbind(),
                 committed: *committed,
             },
-            _ => Seen::At(address),
+            // A held array was replaced by a new one at its address, or one was before.
+            (Some(Seen::Held { .. } | Seen::At { hold: false, .. }), _) => Seen::At {
+                address,
+                hold: false,
+            },
+            _ => Seen::At {
+                address,
+                hold: true,
+            },
         };
-        *slot = seen;
+        // The new memory goes first; the one it replaces, or else the older one, goes.
+        let replaced = if found == Some(0) {
+            std::mem::replace(&mut pair[0], seen)
+        } else {
+            let older = std::mem::replace(&mut pair[0], seen);
+            std::mem::replace(&mut pair[1], older)
+        };
+        drop(replaced);
         Ok(Some(live))
     }
 
     /// Visits the objects held: weak references, avals and shardings.
     pub fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
-        for slot in &self.slots {
+        for slot in self.slots.iter().flatten() {
             if let Seen::Held {
                 array,
                 aval,
