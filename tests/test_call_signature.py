@@ -363,6 +363,39 @@ def test_alternating_arrays_then_one_made_at_a_freed_arrays_address_is_read_anew
     assert reused, "no array was made at a freed array's address: this test proves nothing"
 
 
+def test_dicts_in_any_key_order_with_new_keys_or_changed_in_place():
+    # A dict whose keys come in the order of the tree's dict, as the same objects, is read in
+    # that order; any other is read key by key. JAX sorts the keys either way.
+    ours, theirs = both(lambda t: {k: jax.tree.map(lambda v: v * 2, v) for k, v in t.items()})
+    a, b, c = jnp.arange(3.0), jnp.ones(3, jnp.int32), jnp.zeros(4, jnp.float16)
+
+    def new(key):  # an equal key, not the same object
+        return "".join([key[:2], key[2:]])
+
+    tree = {"beta": b, "alpha": a, "gamma": {"y_last": c, "x_first": a}}
+    calls = [
+        tree,
+        {"alpha": a, "beta": b, "gamma": {"x_first": a, "y_last": c}},
+        {"gamma": {"y_last": c, "x_first": a}, "beta": b, "alpha": a},
+        {new("beta"): b, new("alpha"): a, new("gamma"): {new("y_last"): c, new("x_first"): a}},
+        {"beta": a, "alpha": b, "gamma": {"y_last": a, "x_first": c}},
+        {"beta": b, "alpha": a, "omega": {"y_last": c, "x_first": a}},
+        tree,
+    ]
+    for t in calls:
+        for _ in range(2):
+            assert_same_outputs(ours(t), theirs(t))
+    tree["alpha"] = b
+    assert_same_outputs(ours(tree), theirs(tree))
+    del tree["beta"]
+    tree["beta"] = c
+    tree["gamma"]["x_first"] = jnp.ones((2, 2))
+    for _ in range(2):
+        assert_same_outputs(ours(tree), theirs(tree))
+    tree["delta"] = a
+    assert_same_outputs(ours(tree), theirs(tree))
+
+
 def test_calls_keep_no_argument_alive():
     f = fastpjit.jit(lambda a: a + 1)
     a, b = jnp.ones(3), jnp.ones(4)

@@ -213,7 +213,9 @@ impl SeenArrays {
                         sharding: sharding.bind(py).clone(),
                         committed: *committed,
                     };
-                    pair.swap(0, i);
+                    if i != 0 {
+                        pair.swap(0, i);
+                    }
                     return Ok(Some(live));
                 }
             }

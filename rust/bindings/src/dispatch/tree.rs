@@ -13,7 +13,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple, PyType};
 use pyo3::PyTraverseError;
-use rustc_hash::FxHasher;
+use rustc_hash::{FxHashMap, FxHasher};
 
 use super::handles::Handles;
 use crate::cache::BoundedCache;
@@ -23,8 +23,13 @@ pub enum Node {
     Nothing,
     Tuple(usize),
     List(usize),
-    /// A dict's keys in JAX's order (sorted).
-    Dict(Vec<Py<PyAny>>),
+    /// A dict's keys in JAX's order (sorted), and where each key of the dict that the tree was
+    /// read from, in that dict's own order, comes among them: a dict whose keys come in the
+    /// same order (as the same objects) is flattened without looking a key up.
+    Dict {
+        keys: Vec<Py<PyAny>>,
+        order: Vec<u32>,
+    },
     /// An instance of a class registered with `jax.tree_util.register_dataclass`, taken apart
     /// here as JAX's registry does: its data fields are its children, and the values of its
     /// meta fields (compared by `==`) are its node data.
@@ -136,7 +141,7 @@ impl Tree {
                 Node::Nothing => 1u8.hash(&mut hasher),
                 Node::Tuple(n) => (2u8, n).hash(&mut hasher),
                 Node::List(n) => (3u8, n).hash(&mut hasher),
-                Node::Dict(keys) => {
+                Node::Dict { keys, .. } => {
                     (4u8, keys.len()).hash(&mut hasher);
                     for key in keys {
                         key.bind(py).hash()?.hash(&mut hasher);
@@ -186,7 +191,7 @@ impl Tree {
         for node in &self.nodes {
             match node {
                 Node::Leaf | Node::Nothing | Node::Tuple(_) | Node::List(_) => {}
-                Node::Dict(keys) => {
+                Node::Dict { keys, .. } => {
                     for key in keys {
                         visit.call(key)?;
                     }
@@ -215,7 +220,7 @@ impl Tree {
             let same = match (a, b) {
                 (Node::Leaf, Node::Leaf) | (Node::Nothing, Node::Nothing) => true,
                 (Node::Tuple(m), Node::Tuple(n)) | (Node::List(m), Node::List(n)) => m == n,
-                (Node::Dict(a), Node::Dict(b)) => {
+                (Node::Dict { keys: a, .. }, Node::Dict { keys: b, .. }) => {
                     a.len() == b.len() && all_equal(py, a.iter().zip(b))?
                 }
                 (
@@ -299,7 +304,22 @@ fn derive_into<'py>(
         // Keys that do not sort (mixed types) are left to JAX's registry below.
         if let Ok(keys) = sorted.call1((dict,)) {
             let keys = keys.cast_into::<PyList>()?;
-            nodes.push(Node::Dict(keys.iter().map(Bound::unbind).collect()));
+            let sorted_at: FxHashMap<usize, u32> = (0u32..)
+                .zip(keys.iter())
+                .map(|(at, key)| (key.as_ptr() as usize, at))
+                .collect();
+            let order = dict
+                .keys()
+                .iter()
+                .map(|key| sorted_at.get(&(key.as_ptr() as usize)).copied())
+                .collect::<Option<Vec<u32>>>();
+            let Some(order) = order.filter(|o| o.len() == keys.len()) else {
+                return Ok(false);
+            };
+            nodes.push(Node::Dict {
+                keys: keys.iter().map(Bound::unbind).collect(),
+                order,
+            });
             for key in keys.iter() {
                 let Some(item) = dict.get_item(&key)? else {
                     return Ok(false);
@@ -352,6 +372,25 @@ fn derive_into<'py>(
         }
     }
     Ok(true)
+}
+
+/// The values of `dict`, which has as many keys as `keys`, in JAX's order, if its keys are
+/// those of the tree's dict in that dict's order (`order`), as the same objects; None if not.
+/// (Every place is filled then: `order` is a permutation.)
+fn items_in_known_order<'py>(
+    dict: &Bound<'py, PyDict>,
+    keys: &[Py<PyAny>],
+    order: &[u32],
+) -> Option<Vec<Option<Bound<'py, PyAny>>>> {
+    let mut items = vec![None; keys.len()];
+    for ((key, value), &at) in dict.iter().zip(order) {
+        let at = at as usize;
+        if !key.is(&keys[at]) {
+            return None;
+        }
+        items[at] = Some(value);
+    }
+    Some(items)
 }
 
 /// `value` taken apart one level by JAX's registry: its children and node data; None for a
@@ -418,12 +457,20 @@ fn flatten_into<'a, 'py>(
             }
             _ => Ok(false),
         },
-        Node::Dict(keys) => {
+        Node::Dict { keys, order } => {
             let Ok(dict) = value.cast_exact::<PyDict>() else {
                 return Ok(false);
             };
             if dict.len() != keys.len() {
                 return Ok(false);
+            }
+            if let Some(items) = items_in_known_order(dict, keys, order) {
+                for item in items.iter().flatten() {
+                    if !flatten_into(h, nodes, item, leaves)? {
+                        return Ok(false);
+                    }
+                }
+                return Ok(true);
             }
             // As many keys, each of them present: the same key set, in JAX's order.
             for key in keys {
