@@ -382,13 +382,21 @@ fn items_in_known_order<'py>(
     keys: &[Py<PyAny>],
     order: &[u32],
 ) -> Option<Vec<Option<Bound<'py, PyAny>>>> {
+    let py = dict.py();
     let mut items = vec![None; keys.len()];
-    for ((key, value), &at) in dict.iter().zip(order) {
-        let at = at as usize;
-        if !key.is(&keys[at]) {
+    let (mut next, mut key, mut value) = (0, std::ptr::null_mut(), std::ptr::null_mut());
+    for &at in order {
+        // SAFETY: `dict` is a live dict, held by the caller; `key` and `value` are borrowed
+        // from it, and nothing that could change it runs before `value` is taken.
+        if unsafe {
+            pyo3::ffi::PyDict_Next(dict.as_ptr(), &raw mut next, &raw mut key, &raw mut value)
+        } == 0
+            || key != keys[at as usize].as_ptr()
+        {
             return None;
         }
-        items[at] = Some(value);
+        // SAFETY: `value` is a live object, borrowed from `dict`.
+        items[at as usize] = Some(unsafe { Bound::from_borrowed_ptr(py, value) });
     }
     Some(items)
 }
