@@ -14,7 +14,7 @@ use pyo3::types::{PyBool, PyComplex, PyFloat, PyInt, PyList, PySlice, PyString, 
 use crate::cache::BoundedCache;
 use crate::host_memory::{empty_array, POOLED_BYTES};
 use crate::index_maps::indexed_devices;
-use crate::jax::{attribute as get, interned, private, type_attribute as get_type};
+use crate::jax::{arrays, attribute as get, interned, private, type_attribute as get_type, Arrays};
 use crate::shard_buffer::ShardBuffer;
 use crate::stats::count_fallback;
 
@@ -29,20 +29,15 @@ struct Handles {
     python_scalar_dtype: Py<PyAny>,
     placement_sharding: Py<PyAny>,
     copy_to_host_async: Py<PyAny>,
-    /// jaxlib's `ArrayImpl`, and getters and methods of it called without an attribute lookup.
-    array_impl: Py<PyType>,
-    array_aval: Py<PyAny>,
-    array_sharding: Py<PyAny>,
-    array_is_deleted: Py<PyAny>,
+    /// jaxlib's array type, getters of it, and numpy's types, shared with the dispatcher.
+    arrays: &'static Arrays,
+    /// A method of jaxlib's `ArrayImpl` called without an attribute lookup.
     single_device_arrays: Py<PyAny>,
     /// Attribute names of jaxlib's `ArrayImpl` (see `fastpjit._jax`).
     to_host: Py<PyString>,
     host_value: Py<PyString>,
-    asarray: Py<PyAny>,
     empty: Py<PyAny>,
-    ndarray: Py<PyType>,
     masked_array: Py<PyType>,
-    numpy_scalar: Py<PyType>,
     jax_array: Py<PyType>,
     jax_device_put: Py<PyAny>,
     jax_device_get: Py<PyAny>,
@@ -65,18 +60,12 @@ fn handles(py: Python<'_>) -> PyResult<&Handles> {
             python_scalar_dtype: get(jax, "python_scalar_dtype")?,
             placement_sharding: get(jax, "placement_sharding")?,
             copy_to_host_async: get(jax, "copy_to_host_async")?,
-            array_impl: get_type(jax, "ArrayImpl")?,
-            array_aval: get(jax, "array_aval")?,
-            array_sharding: get(jax, "array_sharding")?,
-            array_is_deleted: get(jax, "array_is_deleted")?,
+            arrays: arrays(py)?,
             single_device_arrays: get(jax, "array_single_device_arrays")?,
             to_host: interned(jax, "ARRAY_TO_HOST")?,
             host_value: interned(jax, "ARRAY_HOST_VALUE")?,
-            asarray: get(&numpy, "asarray")?,
             empty: get(&numpy, "empty")?,
-            ndarray: get_type(&numpy, "ndarray")?,
             masked_array: get_type(&py.import("numpy.ma")?, "MaskedArray")?,
-            numpy_scalar: get_type(&numpy, "generic")?,
             jax_array: get_type(&public_jax, "Array")?,
             jax_device_put: get(&public_jax, "device_put")?,
             jax_device_get: get(&public_jax, "device_get")?,
@@ -321,7 +310,7 @@ impl PutPlan {
 fn host_array<'py>(x: &Bound<'py, PyAny>) -> PyResult<(Bound<'py, PyAny>, bool)> {
     let py = x.py();
     let h = handles(py)?;
-    if x.is_instance(h.ndarray.bind(py))? {
+    if x.is_instance(h.arrays.ndarray.bind(py))? {
         if x.is_instance(h.masked_array.bind(py))? {
             return Err(PyValueError::new_err(
                 "numpy masked arrays are not supported as direct inputs to JAX functions. Use \
@@ -330,8 +319,8 @@ fn host_array<'py>(x: &Bound<'py, PyAny>) -> PyResult<(Bound<'py, PyAny>, bool)>
         }
         return Ok((x.clone(), false));
     }
-    if x.is_instance(h.numpy_scalar.bind(py))? || x.is_instance_of::<PyBool>() {
-        return Ok((h.asarray.bind(py).call1((x,))?, false));
+    if x.is_instance(h.arrays.numpy_scalar.bind(py))? || x.is_instance_of::<PyBool>() {
+        return Ok((h.arrays.asarray.bind(py).call1((x,))?, false));
     }
     if x.is_instance_of::<PyInt>()
         || x.is_instance_of::<PyFloat>()
@@ -348,7 +337,7 @@ fn host_array<'py>(x: &Bound<'py, PyAny>) -> PyResult<(Bound<'py, PyAny>, bool)>
         if x.is_instance_of::<PyInt>() {
             check_int_fits(x, &dtype)?;
         }
-        return Ok((h.asarray.bind(py).call1((x, dtype))?, true));
+        return Ok((h.arrays.asarray.bind(py).call1((x, dtype))?, true));
     }
     let given = x.repr().map_or_else(|_| "?".to_owned(), |r| r.to_string());
     Err(PyTypeError::new_err(format!(
@@ -475,12 +464,12 @@ impl HostInput {
         let dtype = self.dtype.bind(py);
         let array = match self.source {
             HostSource::Array => leaf.clone(),
-            HostSource::Converted => h.asarray.bind(py).call1((leaf, dtype))?,
+            HostSource::Converted => h.arrays.asarray.bind(py).call1((leaf, dtype))?,
             HostSource::Scalar { int } => {
                 if int {
                     check_int_fits(leaf, dtype)?;
                 }
-                h.asarray.bind(py).call1((leaf, dtype))?
+                h.arrays.asarray.bind(py).call1((leaf, dtype))?
             }
         };
         let value = HostValue {
@@ -774,12 +763,12 @@ pub fn deleted_error(array: &Bound<'_, PyAny>) -> PyResult<PyErr> {
 pub fn get_host_value<'py>(x: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
     let py = x.py();
     let h = handles(py)?;
-    if !x.get_type().is(h.array_impl.bind(py)) {
+    if !x.get_type().is(h.arrays.array_impl.bind(py)) {
         if x.is_instance(h.jax_array.bind(py))? {
             count_fallback("device_get: a jax.Array other than jaxlib's fetched by JAX");
             return h.jax_device_get.bind(py).call1((x,));
         }
-        if x.get_type().is(h.ndarray.bind(py)) {
+        if x.get_type().is(h.arrays.ndarray.bind(py)) {
             return Ok(x.clone());
         }
         return match x.getattr_opt(intern!(py, "__array__"))? {
@@ -787,10 +776,15 @@ pub fn get_host_value<'py>(x: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>>
             None => Ok(x.clone()),
         };
     }
-    if h.array_is_deleted.bind(py).call1((x,))?.is_truthy()? {
+    if h.arrays
+        .array_is_deleted
+        .bind(py)
+        .call1((x,))?
+        .is_truthy()?
+    {
         return Err(deleted_error(x)?);
     }
-    let aval = h.array_aval.bind(py).call1((x,))?;
+    let aval = h.arrays.array_aval.bind(py).call1((x,))?;
     let dtype = aval.getattr(intern!(py, "dtype"))?;
     let descr = match dtype.cast::<PyArrayDescr>() {
         // Byte copies are only right for plain data: JAX converts extended dtypes (PRNG keys)
@@ -809,7 +803,7 @@ pub fn get_host_value<'py>(x: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>>
     if shape.contains(&0) {
         return empty_host_value(h, x, &shape, descr);
     }
-    let sharding = h.array_sharding.bind(py).call1((x,))?;
+    let sharding = h.arrays.array_sharding.bind(py).call1((x,))?;
     let plan = get_plan(&sharding, &shape)?;
     if plan.fully_replicated {
         return host_view(h, x);
@@ -868,7 +862,7 @@ fn assemble_shards<'py>(
                     return Ok(ShardBytes::Lent(buffer));
                 }
             }
-            let view = h.asarray.bind(py).call1((single,))?;
+            let view = h.arrays.asarray.bind(py).call1((single,))?;
             Ok(ShardBytes::Viewed(view.cast_into::<PyUntypedArray>()?))
         })
         .collect::<PyResult<Vec<_>>>()?;

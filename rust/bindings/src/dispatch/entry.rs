@@ -225,7 +225,7 @@ impl Entry {
                     Input::ProcessLocal(aval, sharding) => {
                         let shape = aval.bind(py).getattr(intern!(py, "shape"))?;
                         let dtype = aval.bind(py).getattr(intern!(py, "dtype"))?;
-                        let local = h.asarray.bind(py).call1((leaf, dtype))?;
+                        let local = h.arrays.asarray.bind(py).call1((leaf, dtype))?;
                         inputs.push(make_array_from_process_local_leaf(
                             &local,
                             sharding.bind(py),
@@ -467,7 +467,8 @@ fn scalar_bits(leaf: &Bound<'_, PyAny>, key: &LiveLeaf<'_>) -> Option<ScalarBits
 }
 
 fn is_deleted(h: &Handles, array: &Bound<'_, PyAny>) -> PyResult<bool> {
-    h.array_is_deleted
+    h.arrays
+        .array_is_deleted
         .bind(array.py())
         .call1((array,))?
         .is_truthy()

@@ -7,7 +7,7 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyString, PyType};
 
 use super::context::MAX_STATES;
-use crate::jax::{attribute as get, private, type_attribute as get_type};
+use crate::jax::{arrays, attribute as get, private, type_attribute as get_type, Arrays};
 
 pub struct Handles {
     pub trace_context: Py<PyAny>,
@@ -30,12 +30,10 @@ pub struct Handles {
     /// the executions counted since the start (see `count_execution`).
     collect_garbage: Py<PyAny>,
     executions: AtomicU32,
-    /// Getters of a `jaxlib` array's aval, sharding and commitment, and its `is_deleted`,
-    /// called directly (see `fastpjit._jax`).
-    pub array_aval: Py<PyAny>,
-    pub array_sharding: Py<PyAny>,
+    /// jaxlib's array type, getters of it, and numpy's types, shared with the shard path.
+    pub arrays: &'static Arrays,
+    /// The getter of a `jaxlib` array's commitment, called directly (see `fastpjit._jax`).
     pub array_committed: Py<PyAny>,
-    pub array_is_deleted: Py<PyAny>,
     /// Whether a deleted array was donated (its buffer given to a computation) rather than
     /// deleted by `delete()`: JAX raises another error for each.
     pub array_was_donated: Py<PyAny>,
@@ -48,10 +46,6 @@ pub struct Handles {
     pub runtime_error: Py<PyType>,
     /// `ArrayImpl._rewrap_with_aval_and_sharding`: the same buffers as another global array.
     pub rewrap: Py<PyAny>,
-    pub asarray: Py<PyAny>,
-    pub array_impl: Py<PyType>,
-    pub ndarray: Py<PyType>,
-    pub numpy_scalar: Py<PyType>,
 }
 
 static HANDLES: PyOnceLock<Handles> = PyOnceLock::new();
@@ -77,7 +71,6 @@ pub fn handles(py: Python<'_>) -> PyResult<&Handles> {
 
 fn fetch(py: Python<'_>) -> PyResult<Handles> {
     let jax = private(py)?;
-    let numpy = py.import("numpy")?;
     Ok(Handles {
         trace_context: get(jax, "trace_context")?,
         jit_key_states: jax
@@ -95,20 +88,14 @@ fn fetch(py: Python<'_>) -> PyResult<Handles> {
         consume_with_handlers: get(jax, "consume_with_handlers")?,
         collect_garbage: get(jax, "collect_garbage")?,
         executions: AtomicU32::new(0),
-        array_aval: get(jax, "array_aval")?,
-        array_sharding: get(jax, "array_sharding")?,
+        arrays: arrays(py)?,
         array_committed: get(jax, "array_committed")?,
-        array_is_deleted: get(jax, "array_is_deleted")?,
         array_was_donated: get(jax, "array_was_donated")?,
         guard_thread_state: get(jax, "transfer_guard_thread_state")?,
         guard_global_state: get(jax, "transfer_guard_global_state")?,
         guard_allow: get(jax, "TRANSFER_GUARD_ALLOW")?,
         runtime_error: get_type(jax, "JaxRuntimeError")?,
         rewrap: get(jax, "array_rewrap")?,
-        asarray: get(&numpy, "asarray")?,
-        array_impl: get_type(jax, "ArrayImpl")?,
-        ndarray: get_type(&numpy, "ndarray")?,
-        numpy_scalar: get_type(&numpy, "generic")?,
     })
 }
 

@@ -96,14 +96,14 @@ impl<'py> LiveLeaf<'py> {
     pub fn read(h: &Handles, leaf: &Bound<'py, PyAny>) -> PyResult<Option<Self>> {
         let py = leaf.py();
         let kind = leaf.get_type_ptr();
-        if std::ptr::eq(kind, h.array_impl.as_ptr().cast()) {
+        if std::ptr::eq(kind, h.arrays.array_impl.as_ptr().cast()) {
             return Self::array(h, leaf).map(Some);
         }
         if let Some(kind) = scalar_kind(leaf) {
             return Ok(Some(Self::Scalar(kind)));
         }
         // Subclasses of ndarray (masked arrays, say) are left to JAX.
-        if std::ptr::eq(kind, h.ndarray.as_ptr().cast()) {
+        if std::ptr::eq(kind, h.arrays.ndarray.as_ptr().cast()) {
             let array = leaf.cast::<PyUntypedArray>()?;
             return Ok(DtypeKey::of(&array.dtype()).map(|dtype| Self::Host {
                 dtype,
@@ -111,7 +111,7 @@ impl<'py> LiveLeaf<'py> {
                 descr: None,
             }));
         }
-        if leaf.is_instance(h.numpy_scalar.bind(py))? {
+        if leaf.is_instance(h.arrays.numpy_scalar.bind(py))? {
             let descr = leaf
                 .getattr(intern!(py, "dtype"))?
                 .cast_into::<PyArrayDescr>()?;
@@ -128,8 +128,8 @@ impl<'py> LiveLeaf<'py> {
     fn array(h: &Handles, array: &Bound<'py, PyAny>) -> PyResult<Self> {
         let py = array.py();
         Ok(Self::Array {
-            aval: h.array_aval.bind(py).call1((array,))?,
-            sharding: h.array_sharding.bind(py).call1((array,))?,
+            aval: h.arrays.array_aval.bind(py).call1((array,))?,
+            sharding: h.arrays.array_sharding.bind(py).call1((array,))?,
             committed: h.array_committed.bind(py).call1((array,))?.is_truthy()?,
         })
     }
@@ -189,7 +189,7 @@ impl SeenArrays {
         leaf: &Bound<'py, PyAny>,
     ) -> PyResult<Option<LiveLeaf<'py>>> {
         if position >= SEEN_POSITIONS
-            || !std::ptr::eq(leaf.get_type_ptr(), h.array_impl.as_ptr().cast())
+            || !std::ptr::eq(leaf.get_type_ptr(), h.arrays.array_impl.as_ptr().cast())
         {
             return LiveLeaf::read(h, leaf);
         }

@@ -421,10 +421,14 @@ fn one_level<'py>(h: &Handles, value: &Bound<'py, PyAny>) -> PyResult<Option<One
 fn is_leaf_type(h: &Handles, value: &Bound<'_, PyAny>) -> bool {
     let py = value.py();
     let kind = value.get_type_ptr();
-    std::ptr::eq(kind, h.array_impl.as_ptr().cast())
+    std::ptr::eq(kind, h.arrays.array_impl.as_ptr().cast())
         || super::leaf::scalar_kind(value).is_some()
-        || value.is_instance(h.ndarray.bind(py)).unwrap_or(false)
-        || value.is_instance(h.numpy_scalar.bind(py)).unwrap_or(false)
+        || value
+            .is_instance(h.arrays.ndarray.bind(py))
+            .unwrap_or(false)
+        || value
+            .is_instance(h.arrays.numpy_scalar.bind(py))
+            .unwrap_or(false)
 }
 
 fn flatten_into<'a, 'py>(
