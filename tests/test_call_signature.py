@@ -396,6 +396,41 @@ def test_dicts_in_any_key_order_with_new_keys_or_changed_in_place():
     assert_same_outputs(ours(tree), theirs(tree))
 
 
+def test_remembered_arrays_two_by_position_none_in_a_donation_loop():
+    # Calls alternating between two arrays find both remembered.
+    f = fastpjit.jit(lambda a: a + 1)
+    a, b = jnp.ones(3), jnp.ones(4)
+    for _ in range(3):
+        f(a)
+        f(b)
+    assert f._held_arrays() == 2
+    # A donated state takes, call after call, the addresses that its old arrays freed: after
+    # a few calls, it is not held any more (each would be a weak reference made and dropped);
+    # `x`, passed on every call, is.
+    step = fastpjit.jit(lambda s, x: s + x, donate_argnums=0)
+    state, x = jnp.zeros(3), jnp.ones(3)
+    for _ in range(20):
+        state = step(state, x)
+    assert step._held_arrays() == 1
+    np.testing.assert_array_equal(state, np.full(3, 20.0, np.float32))
+    # An array made where a held one was, and then passed call after call, is held again.
+    g = fastpjit.jit(lambda a: a * 2)
+    make = jax.jit(lambda: jnp.arange(3.0))
+    reused = 0
+    for _ in range(10):
+        old = make()
+        for _ in range(3):
+            g(old)
+        address = id(old)
+        del old
+        new = make()
+        reused += id(new) == address
+        for _ in range(3):
+            g(new)
+        assert g._held_arrays() >= 1
+    assert reused, "no array was made at a freed array's address: this test proves nothing"
+
+
 def test_calls_keep_no_argument_alive():
     f = fastpjit.jit(lambda a: a + 1)
     a, b = jnp.ones(3), jnp.ones(4)

@@ -146,7 +146,7 @@ impl<'py> LiveLeaf<'py> {
 /// (batches) make none. A loop whose new arrays take the addresses that its old ones freed (a
 /// donated state, whose arrays alternate between two addresses) makes a reference or two at a
 /// position, then none: an address where a held array was found replaced by a new one is
-/// never held again while it stays among the two.
+/// held again only when two calls in a row pass an array there.
 #[derive(Default)]
 pub struct SeenArrays {
     slots: Vec<[Seen; 2]>,
@@ -223,29 +223,31 @@ impl SeenArrays {
         let live = LiveLeaf::array(h, leaf)?;
         let address = id(leaf);
         let found = pair.iter().position(|s| s.address() == Some(address));
-        let seen = match (found.map(|i| &pair[i]), &live) {
-            (
-                Some(Seen::At { hold: true, .. }),
-                LiveLeaf::Array {
-                    aval,
-                    sharding,
-                    committed,
-                },
-            ) => Seen::Held {
+        // The address of the latest call's array, or of the call's before where no held
+        // array has been replaced.
+        let hold = matches!(
+            found.map(|i| (i, &pair[i])),
+            Some((0, Seen::At { .. }) | (_, Seen::At { hold: true, .. }))
+        );
+        let seen = match &live {
+            LiveLeaf::Array {
+                aval,
+                sharding,
+                committed,
+            } if hold => Seen::Held {
                 address,
                 array: PyWeakrefReference::new(leaf)?.unbind(),
                 aval: aval.clone().unbind(),
                 sharding: sharding.clone().unbind(),
                 committed: *committed,
             },
-            // A held array was replaced by a new one at its address, or one was before.
-            (Some(Seen::Held { .. } | Seen::At { hold: false, .. }), _) => Seen::At {
-                address,
-                hold: false,
-            },
             _ => Seen::At {
                 address,
-                hold: true,
+                // Not where a held array was just replaced by a new one, or one was before.
+                hold: !matches!(
+                    found.map(|i| &pair[i]),
+                    Some(Seen::Held { .. } | Seen::At { hold: false, .. })
+                ),
             },
         };
         // The new memory goes first; the one it replaces, or else the older one, goes.
@@ -257,6 +259,15 @@ impl SeenArrays {
         };
         drop(replaced);
         Ok(Some(live))
+    }
+
+    /// How many arrays are held.
+    pub fn held(&self) -> usize {
+        self.slots
+            .iter()
+            .flatten()
+            .filter(|s| matches!(s, Seen::Held { .. }))
+            .count()
     }
 
     /// Visits the objects held: weak references, avals and shardings.

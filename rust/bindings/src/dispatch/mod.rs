@@ -552,6 +552,12 @@ impl JitFunction {
         lock(&self.cache).len()
     }
 
+    /// How many arrays of the latest calls are remembered by weak reference (see `SeenArrays`).
+    #[pyo3(name = "_held_arrays")]
+    fn held_arrays(&self) -> usize {
+        lock(&self.seen).held()
+    }
+
     /// Forgets every cached executable.
     #[pyo3(name = "_clear_cache")]
     fn clear_cache(&self) {
