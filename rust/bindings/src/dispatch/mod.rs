@@ -304,7 +304,10 @@ impl JitFunction {
     }
 
     /// The recent entry whose signature `call` has, if any.
-    fn lookup_recent(call: &LiveCall<'_>, recent: &[Arc<Cached>]) -> PyResult<Option<Arc<Cached>>> {
+    fn lookup_recent<'a>(
+        call: &LiveCall<'_>,
+        recent: impl Iterator<Item = &'a Arc<Cached>>,
+    ) -> PyResult<Option<Arc<Cached>>> {
         for cached in recent {
             if Arc::ptr_eq(&cached.signature.tree, &call.tree) && cached.signature.matches(call)? {
                 return Ok(Some(cached.clone()));
@@ -490,10 +493,14 @@ impl JitFunction {
         if !this.with_seen(|seen| this.flatten(py, h, &mut call, latest.as_ref(), seen))? {
             return this.to_jax(py, this.reasons.unkeyable(Unkeyable::Leaf), args, kwargs);
         }
-        let mut found = Self::lookup_recent(&call, latest.as_slice())?;
+        let mut found = Self::lookup_recent(&call, latest.iter())?;
         if found.is_none() {
-            let others: Vec<Arc<Cached>> = lock(&this.recent).iter().skip(1).cloned().collect();
-            found = Self::lookup_recent(&call, &others)?;
+            // Held out of the lock, which comparing signatures (Python) must not hold.
+            let mut others: [Option<Arc<Cached>>; RECENT - 1] = Default::default();
+            for (slot, cached) in others.iter_mut().zip(lock(&this.recent).iter().skip(1)) {
+                *slot = Some(cached.clone());
+            }
+            found = Self::lookup_recent(&call, others.iter().flatten())?;
         }
         loop {
             let cached = if let Some(cached) = found.take() {
