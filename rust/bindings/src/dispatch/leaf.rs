@@ -156,8 +156,8 @@ pub struct SeenArrays {
 enum Seen {
     #[default]
     Nothing,
-    /// An array was at this address, and is not held; `hold`: whether an array found at this
-    /// address again is held.
+    /// An array was at this address, and is not held; `hold` is false where a held array was
+    /// found replaced by a new one (see above).
     At { address: usize, hold: bool },
     Held {
         address: usize,

@@ -3,7 +3,8 @@
 //! namedtuple, a registered class or dataclass) is taken apart one level by JAX's pytree
 //! registry, which gives its children and its node data, and its children are read here in
 //! turn. A call usually repeats the tree of the call before it, so a call is first flattened
-//! against a known tree, which reads dicts by their known keys instead of sorting them again.
+//! against a known tree, which reads dicts by their known keys instead of sorting them again
+//! (and a dict whose keys come in the known dict's order, as the same objects, in that order).
 
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, LazyLock};
