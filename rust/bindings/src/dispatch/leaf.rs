@@ -12,9 +12,7 @@ use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMet
 use pyo3::gc::PyVisit;
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{
-    PyBool, PyComplex, PyFloat, PyInt, PyTuple, PyWeakrefMethods, PyWeakrefReference,
-};
+use pyo3::types::{PyBool, PyComplex, PyFloat, PyInt, PyTuple, PyWeakrefReference};
 use pyo3::PyTraverseError;
 use rustc_hash::{FxBuildHasher, FxHashMap, FxHasher};
 
@@ -207,7 +205,9 @@ impl SeenArrays {
                 ..
             } = &pair[i]
             {
-                if array.bind(py).upgrade().is_some_and(|a| a.is(leaf)) {
+                // SAFETY: `array` is a live weak reference; the object it gives back (None once
+                // the array is gone) is borrowed, and only its address is compared.
+                if unsafe { pyo3::ffi::PyWeakref_GetObject(array.as_ptr()) } == leaf.as_ptr() {
                     let live = LiveLeaf::Array {
                         aval: aval.bind(py).clone(),
                         sharding: sharding.bind(py).clone(),

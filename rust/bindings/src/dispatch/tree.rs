@@ -180,7 +180,7 @@ impl Tree {
     ) -> PyResult<bool> {
         let mut nodes = self.nodes.iter();
         for arg in args {
-            if !flatten_into(h, &mut nodes, arg, leaves)? {
+            if !flatten_into(h, &mut nodes, arg.clone(), leaves)? {
                 return Ok(false);
             }
         }
@@ -435,7 +435,7 @@ fn is_leaf_type(h: &Handles, value: &Bound<'_, PyAny>) -> bool {
 fn flatten_into<'a, 'py>(
     h: &Handles,
     nodes: &mut impl Iterator<Item = &'a Node>,
-    value: &Bound<'py, PyAny>,
+    value: Bound<'py, PyAny>,
     leaves: &mut Vec<Bound<'py, PyAny>>,
 ) -> PyResult<bool> {
     let Some(node) = nodes.next() else {
@@ -444,14 +444,14 @@ fn flatten_into<'a, 'py>(
     let py = value.py();
     match node {
         Node::Leaf => {
-            leaves.push(value.clone());
+            leaves.push(value);
             Ok(true)
         }
         Node::Nothing => Ok(value.is_none()),
         Node::Tuple(n) => match value.cast_exact::<PyTuple>() {
             Ok(tuple) if tuple.len() == *n => {
                 for item in tuple.iter() {
-                    if !flatten_into(h, nodes, &item, leaves)? {
+                    if !flatten_into(h, nodes, item, leaves)? {
                         return Ok(false);
                     }
                 }
@@ -462,7 +462,7 @@ fn flatten_into<'a, 'py>(
         Node::List(n) => match value.cast_exact::<PyList>() {
             Ok(list) if list.len() == *n => {
                 for item in list.iter() {
-                    if !flatten_into(h, nodes, &item, leaves)? {
+                    if !flatten_into(h, nodes, item, leaves)? {
                         return Ok(false);
                     }
                 }
@@ -478,7 +478,7 @@ fn flatten_into<'a, 'py>(
                 return Ok(false);
             }
             if let Some(items) = items_in_known_order(dict, keys, order) {
-                for item in items.iter().flatten() {
+                for item in items.into_iter().flatten() {
                     if !flatten_into(h, nodes, item, leaves)? {
                         return Ok(false);
                     }
@@ -487,9 +487,11 @@ fn flatten_into<'a, 'py>(
             }
             // As many keys, each of them present: the same key set, in JAX's order.
             for key in keys {
-                match dict.get_item(key.bind(py))? {
-                    Some(item) if flatten_into(h, nodes, &item, leaves)? => {}
-                    _ => return Ok(false),
+                let Some(item) = dict.get_item(key.bind(py))? else {
+                    return Ok(false);
+                };
+                if !flatten_into(h, nodes, item, leaves)? {
+                    return Ok(false);
                 }
             }
             Ok(true)
@@ -505,7 +507,7 @@ fn flatten_into<'a, 'py>(
                 }
             }
             for name in &fields.data {
-                if !flatten_into(h, nodes, &value.getattr(name.bind(py))?, leaves)? {
+                if !flatten_into(h, nodes, value.getattr(name.bind(py))?, leaves)? {
                     return Ok(false);
                 }
             }
@@ -517,13 +519,13 @@ fn flatten_into<'a, 'py>(
             if !value.get_type().is(kind) {
                 return Ok(false);
             }
-            let Some((children, found)) = one_level(h, value)? else {
+            let Some((children, found)) = one_level(h, &value)? else {
                 return Ok(false);
             };
             if children.len() != *arity || !(found.is(data) || found.eq(data.bind(py))?) {
                 return Ok(false);
             }
-            for child in &children {
+            for child in children {
                 if !flatten_into(h, nodes, child, leaves)? {
                     return Ok(false);
                 }
