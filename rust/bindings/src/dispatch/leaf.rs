@@ -3,7 +3,8 @@
 //! by its type, which gives its dtype and weak type. Avals and shardings are compared by
 //! identity first and by value on a miss; their value hashes are remembered per object, in a
 //! bounded memo that holds every object it remembers. A function also remembers its latest
-//! call's arrays (`SeenArrays`), so that a call that passes them again reads none of them.
+//! calls' arrays, two by position (`SeenArrays`), so that a call that passes one of them again
+//! reads nothing of it.
 
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, PoisonError};

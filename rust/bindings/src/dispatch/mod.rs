@@ -128,8 +128,8 @@ pub struct JitFunction {
     /// calls tend to repeat.
     recent: Mutex<Vec<Arc<Cached>>>,
     trees: Mutex<Vec<Arc<Tree>>>,
-    /// The arrays of the latest call, by position; a call takes them while it reads its
-    /// leaves, and leaves its own.
+    /// The arrays of the latest calls, two by position; a call takes them while it reads its
+    /// leaves, and puts them back with its own.
     seen: Mutex<SeenArrays>,
     /// Whether calls are keyed by JAX's jit key; not those of a compiled foreign module,
     /// which depends on no configuration and which no trace can stage.

@@ -309,12 +309,13 @@ fn derive_into<'py>(
                 .zip(keys.iter())
                 .map(|(at, key)| (key.as_ptr() as usize, at))
                 .collect();
-            let order = dict
+            // Every key is among them: `sorted` gives back the dict's own key objects.
+            let Some(order) = dict
                 .keys()
                 .iter()
                 .map(|key| sorted_at.get(&(key.as_ptr() as usize)).copied())
-                .collect::<Option<Vec<u32>>>();
-            let Some(order) = order.filter(|o| o.len() == keys.len()) else {
+                .collect::<Option<Vec<u32>>>()
+            else {
                 return Ok(false);
             };
             nodes.push(Node::Dict {
