@@ -180,6 +180,61 @@ impl Seen {
 const SEEN_POSITIONS: usize = 1 << 16;
 
 impl SeenArrays {
+    /// Reads a call's leaves, as `read` does each one; None if JAX must handle one of them.
+    pub fn read_all<'py>(
+        &mut self,
+        h: &Handles,
+        leaves: &[Bound<'py, PyAny>],
+    ) -> PyResult<Option<Vec<LiveLeaf<'py>>>> {
+        let mut keys = Vec::with_capacity(leaves.len());
+        while keys.len() < leaves.len() {
+            // The common case, arrays of the latest call, has a loop of its own, which writes
+            // their keys in place (a push would build each on the stack and copy it).
+            let mut known = keys.len();
+            for (slot, leaf) in keys.spare_capacity_mut().iter_mut().zip(&leaves[known..]) {
+                let Some(live) = self.latest(known, leaf) else {
+                    break;
+                };
+                slot.write(live);
+                known += 1;
+            }
+            // SAFETY: the elements up to `known` were written above, within the capacity.
+            unsafe { keys.set_len(known) };
+            if let Some(leaf) = leaves.get(known) {
+                let Some(key) = self.read(h, known, leaf)? else {
+                    return Ok(None);
+                };
+                keys.push(key);
+            }
+        }
+        Ok(Some(keys))
+    }
+
+    /// `leaf` as remembered, where it is the array held first at `position`.
+    #[inline]
+    fn latest<'py>(&self, position: usize, leaf: &Bound<'py, PyAny>) -> Option<LiveLeaf<'py>> {
+        let Some(
+            [Seen::Held {
+                array,
+                aval,
+                sharding,
+                committed,
+                ..
+            }, _],
+        ) = self.slots.get(position)
+        else {
+            return None;
+        };
+        // SAFETY: `array` is a live weak reference; the object it gives back (None once the
+        // array is gone) is borrowed, and only its address is compared.
+        let same = unsafe { pyo3::ffi::PyWeakref_GetObject(array.as_ptr()) } == leaf.as_ptr();
+        same.then(|| LiveLeaf::Array {
+            aval: aval.bind(leaf.py()).clone(),
+            sharding: sharding.bind(leaf.py()).clone(),
+            committed: *committed,
+        })
+    }
+
     /// Reads `leaf`, the call's leaf at `position`, as `LiveLeaf::read` does.
     pub fn read<'py>(
         &mut self,

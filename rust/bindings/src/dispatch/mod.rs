@@ -188,7 +188,7 @@ impl JitFunction {
             let tree = &latest.signature.tree;
             if tree.flat {
                 if call.dynamic().len() == tree.num_leaves {
-                    if let Some(keys) = read_leaves(h, seen, call.dynamic())? {
+                    if let Some(keys) = seen.read_all(h, call.dynamic())? {
                         call.set_tree(tree.clone(), None, keys);
                         return Ok(true);
                     }
@@ -196,7 +196,7 @@ impl JitFunction {
             } else {
                 let mut leaves = Vec::with_capacity(tree.num_leaves);
                 if tree.flatten(h, call.dynamic(), &mut leaves)? {
-                    if let Some(keys) = read_leaves(h, seen, &leaves)? {
+                    if let Some(keys) = seen.read_all(h, &leaves)? {
                         call.set_tree(tree.clone(), Some(leaves), keys);
                         return Ok(true);
                     }
@@ -206,7 +206,7 @@ impl JitFunction {
         let Some((tree, leaves)) = Tree::derive(py, h, call.dynamic())? else {
             return Ok(false);
         };
-        let Some(keys) = read_leaves(h, seen, &leaves)? else {
+        let Some(keys) = seen.read_all(h, &leaves)? else {
             return Ok(false);
         };
         let tree = self.intern(py, tree)?;
@@ -418,22 +418,6 @@ impl JitFunction {
         let _ = cached.outcome.set(outcome);
         Ok(miss.outputs.bind(py).clone())
     }
-}
-
-/// Reads every leaf; None if one is not a value the dispatcher keys.
-fn read_leaves<'py>(
-    h: &Handles,
-    seen: &mut SeenArrays,
-    leaves: &[Bound<'py, PyAny>],
-) -> PyResult<Option<Vec<LiveLeaf<'py>>>> {
-    let mut keys = Vec::with_capacity(leaves.len());
-    for (position, leaf) in leaves.iter().enumerate() {
-        let Some(key) = seen.read(h, position, leaf)? else {
-            return Ok(None);
-        };
-        keys.push(key);
-    }
-    Ok(Some(keys))
 }
 
 #[pymethods]
