@@ -188,11 +188,11 @@ impl SeenArrays {
     ) -> PyResult<Option<Vec<LiveLeaf<'py>>>> {
         let mut keys = Vec::with_capacity(leaves.len());
         while keys.len() < leaves.len() {
-            // The common case, arrays of the latest call, has a loop of its own, which writes
-            // their keys in place (a push would build each on the stack and copy it).
+            // The common case, arrays held, has a loop of its own, which writes their keys in
+            // place (a push would build each on the stack and copy it).
             let mut known = keys.len();
             for (slot, leaf) in keys.spare_capacity_mut().iter_mut().zip(&leaves[known..]) {
-                let Some(live) = self.latest(known, leaf) else {
+                let Some(live) = self.remembered(known, leaf) else {
                     break;
                 };
                 slot.write(live);
@@ -210,25 +210,36 @@ impl SeenArrays {
         Ok(Some(keys))
     }
 
-    /// `leaf` as remembered, where it is the array held first at `position`.
+    /// `leaf` as remembered, where it is an array held at `position`; the array found
+    /// second moves first.
     #[inline]
-    fn latest<'py>(&self, position: usize, leaf: &Bound<'py, PyAny>) -> Option<LiveLeaf<'py>> {
-        let Some(
-            [Seen::Held {
-                array,
-                aval,
-                sharding,
-                committed,
-                ..
-            }, _],
-        ) = self.slots.get(position)
+    fn remembered<'py>(
+        &mut self,
+        position: usize,
+        leaf: &Bound<'py, PyAny>,
+    ) -> Option<LiveLeaf<'py>> {
+        let pair = self.slots.get_mut(position)?;
+        let i = pair.iter().position(|seen| match seen {
+            // SAFETY: `array` is a live weak reference; the object it gives back (None once
+            // the array is gone) is borrowed, and only its address is compared.
+            Seen::Held { array, .. } => unsafe {
+                pyo3::ffi::PyWeakref_GetObject(array.as_ptr()) == leaf.as_ptr()
+            },
+            _ => false,
+        })?;
+        if i != 0 {
+            pair.swap(0, i);
+        }
+        let Seen::Held {
+            aval,
+            sharding,
+            committed,
+            ..
+        } = &pair[0]
         else {
             return None;
         };
-        // SAFETY: `array` is a live weak reference; the object it gives back (None once the
-        // array is gone) is borrowed, and only its address is compared.
-        let same = unsafe { pyo3::ffi::PyWeakref_GetObject(array.as_ptr()) } == leaf.as_ptr();
-        same.then(|| LiveLeaf::Array {
+        Some(LiveLeaf::Array {
             aval: aval.bind(leaf.py()).clone(),
             sharding: sharding.bind(leaf.py()).clone(),
             committed: *committed,
@@ -250,32 +261,10 @@ impl SeenArrays {
         if self.slots.len() <= position {
             self.slots.resize_with(position + 1, Default::default);
         }
-        let py = leaf.py();
-        let pair = &mut self.slots[position];
-        for i in 0..2 {
-            if let Seen::Held {
-                array,
-                aval,
-                sharding,
-                committed,
-                ..
-            } = &pair[i]
-            {
-                // SAFETY: `array` is a live weak reference; the object it gives back (None once
-                // the array is gone) is borrowed, and only its address is compared.
-                if unsafe { pyo3::ffi::PyWeakref_GetObject(array.as_ptr()) } == leaf.as_ptr() {
-                    let live = LiveLeaf::Array {
-                        aval: aval.bind(py).clone(),
-                        sharding: sharding.bind(py).clone(),
-                        committed: *committed,
-                    };
-                    if i != 0 {
-                        pair.swap(0, i);
-                    }
-                    return Ok(Some(live));
-                }
-            }
+        if let Some(live) = self.remembered(position, leaf) {
+            return Ok(Some(live));
         }
+        let pair = &mut self.slots[position];
         let live = LiveLeaf::array(h, leaf)?;
         let address = id(leaf);
         let found = pair.iter().position(|s| s.address() == Some(address));

@@ -247,7 +247,10 @@ impl JitFunction {
         {
             return;
         }
-        recent.retain(|r| !Arc::ptr_eq(r, cached));
+        if let Some(i) = recent.iter().position(|r| Arc::ptr_eq(r, cached)) {
+            recent[..=i].rotate_right(1);
+            return;
+        }
         recent.insert(0, cached.clone());
         let keep = recent.len().min(RECENT);
         let dropped = recent.split_off(keep);
