@@ -188,7 +188,7 @@ impl Entry {
         &self,
         py: Python<'py>,
         h: &Handles,
-        call: &LiveCall<'py>,
+        call: &LiveCall<'_, 'py>,
         moved: &str,
     ) -> PyResult<Bound<'py, PyAny>> {
         let (leaves, keys) = (call.leaves(), &call.keys[..]);

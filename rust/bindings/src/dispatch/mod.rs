@@ -16,6 +16,7 @@ mod miss;
 mod signature;
 mod tree;
 
+use std::borrow::Cow;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::thread::{self, ThreadId};
 
@@ -176,12 +177,12 @@ impl JitFunction {
     /// Flattens the call's dynamic arguments and reads their leaves (the arrays of the latest
     /// call as `seen` remembers them), against the latest entry's tree when the call has it;
     /// false if JAX must handle a leaf.
-    fn flatten<'py>(
+    fn flatten<'a, 'py>(
         &self,
         py: Python<'py>,
         h: &Handles,
-        call: &mut LiveCall<'py>,
-        latest: Option<&Arc<Cached>>,
+        call: &mut LiveCall<'a, 'py>,
+        latest: Option<&'a Arc<Cached>>,
         seen: &mut SeenArrays,
     ) -> PyResult<bool> {
         if let Some(latest) = latest {
@@ -189,7 +190,7 @@ impl JitFunction {
             if tree.flat {
                 if call.dynamic().len() == tree.num_leaves {
                     if let Some(keys) = seen.read_all(h, call.dynamic())? {
-                        call.set_tree(tree.clone(), None, keys);
+                        call.set_tree(Cow::Borrowed(tree), None, keys);
                         return Ok(true);
                     }
                 }
@@ -197,7 +198,7 @@ impl JitFunction {
                 let mut leaves = Vec::with_capacity(tree.num_leaves);
                 if tree.flatten(h, call.dynamic(), &mut leaves)? {
                     if let Some(keys) = seen.read_all(h, &leaves)? {
-                        call.set_tree(tree.clone(), Some(leaves), keys);
+                        call.set_tree(Cow::Borrowed(tree), Some(leaves), keys);
                         return Ok(true);
                     }
                 }
@@ -211,7 +212,7 @@ impl JitFunction {
         };
         let tree = self.intern(py, tree)?;
         let nested = (!tree.flat).then_some(leaves);
-        call.set_tree(tree, nested, keys);
+        call.set_tree(Cow::Owned(tree), nested, keys);
         Ok(true)
     }
 
@@ -308,7 +309,7 @@ impl JitFunction {
 
     /// The recent entry whose signature `call` has, if any.
     fn lookup_recent<'a>(
-        call: &LiveCall<'_>,
+        call: &LiveCall<'_, '_>,
         recent: impl Iterator<Item = &'a Arc<Cached>>,
     ) -> PyResult<Option<Arc<Cached>>> {
         for cached in recent {
@@ -320,7 +321,7 @@ impl JitFunction {
     }
 
     /// The cache entry whose signature `call` has, if any.
-    fn lookup(&self, call: &LiveCall<'_>, hash: u64) -> PyResult<Option<Arc<Cached>>> {
+    fn lookup(&self, call: &LiveCall<'_, '_>, hash: u64) -> PyResult<Option<Arc<Cached>>> {
         // Comparing signatures may run Python (`__eq__`), so it happens outside the lock.
         let candidates = lock(&self.cache).bucket(hash);
         for cached in candidates {
@@ -475,8 +476,8 @@ impl JitFunction {
             }
             LiveContext::none(py)
         };
-        let mut call = LiveCall::split(&this.statics, args, kwargs, context)?;
         let latest = lock(&this.recent).first().cloned();
+        let mut call = LiveCall::split(&this.statics, args, kwargs, context)?;
         if !this.with_seen(|seen| this.flatten(py, h, &mut call, latest.as_ref(), seen))? {
             return this.to_jax(py, this.reasons.unkeyable(Unkeyable::Leaf), args, kwargs);
         }

@@ -7,6 +7,7 @@
 //! `CallSignature`, which holds every object it compares. A hit compares the two without
 //! building a signature: by identity first, by value only where identity differs.
 
+use std::borrow::Cow;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
@@ -33,8 +34,9 @@ pub struct StaticArgs {
 }
 
 /// A call's arguments split as its signature needs them. A call of positional dynamic
-/// arguments only, each a leaf (the commonest), borrows the argument tuple for both.
-pub struct LiveCall<'py> {
+/// arguments only, each a leaf (the commonest), borrows the argument tuple for both. Its tree
+/// is borrowed from the entry that the call was flattened against, where it was.
+pub struct LiveCall<'a, 'py> {
     pub args: Bound<'py, PyTuple>,
     pub num_args: usize,
     /// The dynamic arguments in JAX's order (positional ones, then keyword ones by name),
@@ -43,14 +45,14 @@ pub struct LiveCall<'py> {
     pub kwnames: Vec<Bound<'py, PyString>>,
     pub statics: Vec<Bound<'py, PyAny>>,
     pub static_names: Vec<Bound<'py, PyString>>,
-    pub tree: Arc<Tree>,
+    pub tree: Cow<'a, Arc<Tree>>,
     /// The leaves, where they are not the dynamic arguments themselves.
     nested: Option<Vec<Bound<'py, PyAny>>>,
     pub keys: Vec<LiveLeaf<'py>>,
     pub context: LiveContext<'py>,
 }
 
-impl<'py> LiveCall<'py> {
+impl<'a, 'py> LiveCall<'a, 'py> {
     /// Splits `(args, kwargs)` into static and dynamic arguments, keyword arguments sorted by
     /// name as JAX sorts them. The tree and leaves are filled in by the caller.
     pub fn split(
@@ -69,7 +71,7 @@ impl<'py> LiveCall<'py> {
             kwnames: Vec::new(),
             statics: Vec::new(),
             static_names: Vec::new(),
-            tree: Tree::empty(),
+            tree: Cow::Borrowed(Tree::empty()),
             nested: None,
             keys: Vec::new(),
             context,
@@ -135,7 +137,7 @@ impl<'py> LiveCall<'py> {
     /// what each leaf is.
     pub fn set_tree(
         &mut self,
-        tree: Arc<Tree>,
+        tree: Cow<'a, Arc<Tree>>,
         nested: Option<Vec<Bound<'py, PyAny>>>,
         keys: Vec<LiveLeaf<'py>>,
     ) {
@@ -279,7 +281,7 @@ pub struct CallSignature {
 impl CallSignature {
     /// The signature of `call`, whose hash is `hash`; None if a leaf's aval is not one the
     /// key holds.
-    pub fn keep(call: &LiveCall<'_>, hash: u64) -> PyResult<Option<Self>> {
+    pub fn keep(call: &LiveCall<'_, '_>, hash: u64) -> PyResult<Option<Self>> {
         let mut leaves = Vec::with_capacity(call.keys.len());
         for (leaf, key) in call.leaves().iter().zip(&call.keys) {
             leaves.push(match key {
@@ -320,7 +322,7 @@ impl CallSignature {
             kwnames: unbind_all(&call.kwnames),
             statics: call.statics.iter().map(|s| s.clone().unbind()).collect(),
             static_names: unbind_all(&call.static_names),
-            tree: call.tree.clone(),
+            tree: Arc::clone(&call.tree),
             leaves,
             context: call.context.keep(),
         }))
@@ -328,7 +330,7 @@ impl CallSignature {
 
     /// Whether `call` has this signature. Raises JAX's error where comparing static
     /// arguments raises.
-    pub fn matches(&self, call: &LiveCall<'_>) -> PyResult<bool> {
+    pub fn matches(&self, call: &LiveCall<'_, '_>) -> PyResult<bool> {
         let py = call.context.py();
         if self.num_args != call.num_args
             || self.leaves.len() != call.keys.len()

@@ -104,7 +104,7 @@ pub struct Tree {
 
 impl Tree {
     /// The tree of a call without dynamic arguments, shared.
-    pub fn empty() -> Arc<Self> {
+    pub fn empty() -> &'static Arc<Self> {
         static EMPTY: LazyLock<Arc<Tree>> = LazyLock::new(|| {
             Arc::new(Tree {
                 nodes: Vec::new(),
@@ -113,7 +113,7 @@ impl Tree {
                 flat: true,
             })
         });
-        EMPTY.clone()
+        &EMPTY
     }
 
     /// The tree of `args` and their leaves, read from the values; None when an argument holds
