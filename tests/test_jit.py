@@ -62,10 +62,25 @@ def assert_same_leaf(ours: Any, theirs: Any, where: str = "") -> None:
 
 def assert_same_outputs(ours: Any, theirs: Any) -> None:
     assert jax.tree.structure(ours) == jax.tree.structure(theirs)
+    assert_same_containers(ours, theirs)
     ours_leaves = jax.tree.leaves(ours)
     paths = jax.tree_util.tree_flatten_with_path(theirs)[0]
     for mine, (path, leaf) in zip(ours_leaves, paths, strict=True):
         assert_same_leaf(mine, leaf, jax.tree_util.keystr(path))
+
+
+def assert_same_containers(ours: Any, theirs: Any) -> None:
+    """The same containers, of the same exact types, with dict keys in the same order (tree
+    structures do not compare the order of a dict's keys)."""
+    assert type(ours) is type(theirs), f"{type(ours).__name__} != {type(theirs).__name__}"
+    if isinstance(theirs, dict):
+        assert list(ours) == list(theirs), f"dict keys {list(ours)} != {list(theirs)}"
+        for key in theirs:
+            assert_same_containers(ours[key], theirs[key])
+    elif isinstance(theirs, (tuple, list)):
+        assert len(ours) == len(theirs)
+        for mine, their in zip(ours, theirs, strict=True):
+            assert_same_containers(mine, their)
 
 
 def assert_same_error(ours: Any, theirs: Any, *args: Any, **kwargs: Any) -> BaseException:
@@ -329,6 +344,25 @@ def test_pytree_arguments_and_outputs():
     out = check_calls(ours, theirs, *args, **kwargs, repeats=2)
     assert out["tagged"].tag == "other!"
     assert ours.cache_size() == size + 1 == theirs._cache_size()
+
+
+def test_outputs_of_builtin_containers_are_built_as_jax_builds_them():
+    # fastpjit builds builtin output trees itself: the same container types, dict keys in JAX's
+    # (sorted) order whatever order the function made them in, None and empty containers.
+    def named(x):
+        return {"z": [x, None, (x * 2, {})], "a": (), "m": {"b": x + 1, "a": [x]}}
+
+    def numbered(x):
+        return {2: x, 10: (x, [None]), 1: x * 3}
+
+    x = jnp.arange(3.0)
+    for fun in (named, numbered, lambda x: (x, [x, (None,)]), lambda x: [x]):
+        ours, theirs = both(fun)
+        check_calls(ours, theirs, x)
+        counts, fallbacks_before = Counts(), fastpjit.stats()["fallbacks"]
+        assert_same_outputs(ours(x), theirs(x))
+        assert counts["cache_hits"] == 1
+        assert fastpjit.stats()["fallbacks"] == fallbacks_before
 
 
 def test_pytree_argument_as_keyword_and_dict_order():

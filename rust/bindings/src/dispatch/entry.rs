@@ -17,6 +17,7 @@ use super::handles::Handles;
 use super::leaf::{LiveLeaf, ScalarKind};
 use super::miss::{Conversion, FastPath};
 use super::signature::{CallSignature, LeafKey, LiveCall};
+use super::tree::Tree;
 use crate::process_local::make_array_from_process_local_leaf;
 use crate::stats::count_fallback;
 use crate::transfer::{deleted_error, HostInput};
@@ -58,10 +59,19 @@ type ScalarBits = [u64; 2];
 /// How many values of one scalar argument keep device copies.
 const SCALAR_COPIES: usize = 4;
 
+/// How the outputs, as the executable gives them (a list), become the call's result.
+enum Outputs {
+    /// One bare leaf.
+    Leaf,
+    /// Built here: a tree of builtin containers.
+    Builtin(Tree),
+    /// Built by the output treedef's `unflatten`.
+    Unflatten(Py<PyAny>),
+}
+
 pub struct Entry {
     execute_sharded: Py<PyAny>,
-    /// The output treedef's `unflatten`, or None when the output is one bare leaf.
-    unflatten: Option<Py<PyAny>>,
+    outputs: Outputs,
     out_handlers: Py<PyList>,
     const_inputs: Vec<Py<PyAny>>,
     inputs: Vec<Input>,
@@ -153,20 +163,20 @@ impl Entry {
         let out_treedef = fast.out_treedef.bind(py);
         let leaf_count: usize = out_treedef.getattr(intern!(py, "num_leaves"))?.extract()?;
         let node_count: usize = out_treedef.getattr(intern!(py, "num_nodes"))?.extract()?;
-        let unflatten = (leaf_count != 1 || node_count != 1)
-            .then(|| {
-                out_treedef
-                    .getattr(intern!(py, "unflatten"))
-                    .map(Bound::unbind)
-            })
-            .transpose()?;
+        let outputs = if leaf_count == 1 && node_count == 1 {
+            Outputs::Leaf
+        } else if let Some(tree) = Tree::of_builtin_treedef(out_treedef)? {
+            Outputs::Builtin(tree)
+        } else {
+            Outputs::Unflatten(out_treedef.getattr(intern!(py, "unflatten"))?.unbind())
+        };
         Ok(Self {
             execute_sharded: fast
                 .executable
                 .bind(py)
                 .getattr(intern!(py, "execute_sharded"))?
                 .unbind(),
-            unflatten,
+            outputs,
             out_handlers: fast.out_handlers.clone_ref(py),
             passthrough: num_consts == 0 && inputs.iter().all(|i| matches!(i, Input::Pass)),
             const_inputs,
@@ -303,9 +313,10 @@ impl Entry {
         if let Some(local) = &self.out_local {
             outs = Self::to_local(h, &outs, local)?;
         }
-        match &self.unflatten {
-            None => outs.get_item(0),
-            Some(unflatten) => unflatten.bind(py).call1((outs,)),
+        match &self.outputs {
+            Outputs::Leaf => outs.get_item(0),
+            Outputs::Builtin(tree) => tree.unflatten(outs.cast::<PyList>()?),
+            Outputs::Unflatten(unflatten) => unflatten.bind(py).call1((outs,)),
         }
     }
 
@@ -353,7 +364,11 @@ impl Entry {
         for constant in &self.const_inputs {
             visit.call(constant)?;
         }
-        visit.call(self.unflatten.as_ref())
+        match &self.outputs {
+            Outputs::Leaf => Ok(()),
+            Outputs::Builtin(tree) => tree.traverse(visit),
+            Outputs::Unflatten(unflatten) => visit.call(unflatten),
+        }
     }
 }
 

@@ -9,6 +9,7 @@
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, LazyLock};
 
+use pyo3::exceptions::PyValueError;
 use pyo3::gc::PyVisit;
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -185,6 +186,29 @@ impl Tree {
             }
         }
         Ok(nodes.next().is_none() && leaves.len() == self.num_leaves)
+    }
+
+    /// The tree of the values that `treedef` (a JAX `PyTreeDef`) unflattens to, where its
+    /// nodes are builtin containers only (tuples, lists, dicts and None); else None.
+    pub fn of_builtin_treedef(treedef: &Bound<'_, PyAny>) -> PyResult<Option<Self>> {
+        let mut nodes = Vec::new();
+        let mut num_leaves = 0;
+        if !builtin_nodes(treedef, &mut nodes, &mut num_leaves)? {
+            return Ok(None);
+        }
+        Self::of(treedef.py(), nodes, num_leaves).map(Some)
+    }
+
+    /// The value of this tree (one of builtin containers, see `of_builtin_treedef`) whose
+    /// leaves are `leaves`, in order.
+    pub fn unflatten<'py>(&self, leaves: &Bound<'py, PyList>) -> PyResult<Bound<'py, PyAny>> {
+        let (py, count) = (leaves.py(), leaves.len());
+        let (mut nodes, mut leaves) = (self.nodes.iter(), leaves.iter());
+        let value = build(py, &mut nodes, &mut leaves, count)?;
+        if nodes.next().is_some() || leaves.next().is_some() {
+            return Err(PyValueError::new_err("outputs do not fill the output tree"));
+        }
+        Ok(value)
     }
 
     /// Visits the objects the tree holds: dict keys, node types, node data.
@@ -401,6 +425,87 @@ fn items_in_known_order<'py>(
         items[at as usize] = Some(unsafe { Bound::from_borrowed_ptr(py, value) });
     }
     Some(items)
+}
+
+/// Pushes the nodes of `treedef` in preorder, as JAX's `node_data` and `children` give them;
+/// false at a node that is not a builtin container.
+fn builtin_nodes(
+    treedef: &Bound<'_, PyAny>,
+    nodes: &mut Vec<Node>,
+    num_leaves: &mut usize,
+) -> PyResult<bool> {
+    let py = treedef.py();
+    let data = treedef.call_method0(intern!(py, "node_data"))?;
+    if data.is_none() {
+        nodes.push(Node::Leaf);
+        *num_leaves += 1;
+        return Ok(true);
+    }
+    let (kind, keys): (Bound<'_, PyType>, Bound<'_, PyAny>) = data.extract()?;
+    let children = treedef.call_method0(intern!(py, "children"))?;
+    let children = children.cast::<PyList>()?;
+    let n = children.len();
+    nodes.push(if kind.is(py.get_type::<PyTuple>()) {
+        Node::Tuple(n)
+    } else if kind.is(py.get_type::<PyList>()) {
+        Node::List(n)
+    } else if kind.is(py.None().bind(py).get_type()) {
+        Node::Nothing
+    } else if kind.is(py.get_type::<PyDict>()) {
+        // JAX's order of the keys; a dict is built in that order.
+        let keys: Vec<Py<PyAny>> = keys.extract()?;
+        if keys.len() != n {
+            return Ok(false);
+        }
+        Node::Dict {
+            order: (0..n as u32).collect(),
+            keys,
+        }
+    } else {
+        return Ok(false);
+    });
+    for child in children.iter() {
+        if !builtin_nodes(&child, nodes, num_leaves)? {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// The value of the builtin node that `nodes` comes to next, with its leaves from `leaves`.
+fn build<'py>(
+    py: Python<'py>,
+    nodes: &mut std::slice::Iter<'_, Node>,
+    leaves: &mut impl Iterator<Item = Bound<'py, PyAny>>,
+    count: usize,
+) -> PyResult<Bound<'py, PyAny>> {
+    let unfilled = || PyValueError::new_err(format!("{count} outputs do not fill the output tree"));
+    let Some(node) = nodes.next() else {
+        return Err(unfilled());
+    };
+    let mut children = |n: usize| {
+        (0..n)
+            .map(|_| build(py, nodes, leaves, count))
+            .collect::<PyResult<Vec<_>>>()
+    };
+    Ok(match node {
+        Node::Leaf => leaves.next().ok_or_else(unfilled)?,
+        Node::Nothing => py.None().into_bound(py),
+        Node::Tuple(n) => PyTuple::new(py, children(*n)?)?.into_any(),
+        Node::List(n) => PyList::new(py, children(*n)?)?.into_any(),
+        Node::Dict { keys, .. } => {
+            let dict = PyDict::new(py);
+            for (key, value) in keys.iter().zip(children(keys.len())?) {
+                dict.set_item(key, value)?;
+            }
+            dict.into_any()
+        }
+        Node::Dataclass { .. } | Node::Registered { .. } => {
+            return Err(PyValueError::new_err(
+                "the output tree has a node that is not builtin",
+            ))
+        }
+    })
 }
 
 /// `value` taken apart one level by JAX's registry: its children and node data; None for a
