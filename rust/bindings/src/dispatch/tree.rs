@@ -5,11 +5,13 @@
 //! turn. A call usually repeats the tree of the call before it, so a call is first flattened
 //! against a known tree, which reads dicts by their known keys instead of sorting them again
 //! (and a dict whose keys come in the known dict's order, as the same objects, in that order).
+//! An executable's output tree of builtin containers is kept here too, and built from its
+//! outputs.
 
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, LazyLock};
 
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::PyRuntimeError;
 use pyo3::gc::PyVisit;
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -206,7 +208,7 @@ impl Tree {
         let (mut nodes, mut leaves) = (self.nodes.iter(), leaves.iter());
         let value = build(py, &mut nodes, &mut leaves, count)?;
         if nodes.next().is_some() || leaves.next().is_some() {
-            return Err(PyValueError::new_err("outputs do not fill the output tree"));
+            return Err(unfilled(count));
         }
         Ok(value)
     }
@@ -479,9 +481,8 @@ fn build<'py>(
     leaves: &mut impl Iterator<Item = Bound<'py, PyAny>>,
     count: usize,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let unfilled = || PyValueError::new_err(format!("{count} outputs do not fill the output tree"));
     let Some(node) = nodes.next() else {
-        return Err(unfilled());
+        return Err(unfilled(count));
     };
     let mut children = |n: usize| {
         (0..n)
@@ -489,7 +490,7 @@ fn build<'py>(
             .collect::<PyResult<Vec<_>>>()
     };
     Ok(match node {
-        Node::Leaf => leaves.next().ok_or_else(unfilled)?,
+        Node::Leaf => leaves.next().ok_or_else(|| unfilled(count))?,
         Node::Nothing => py.None().into_bound(py),
         Node::Tuple(n) => PyTuple::new(py, children(*n)?)?.into_any(),
         Node::List(n) => PyList::new(py, children(*n)?)?.into_any(),
@@ -501,11 +502,16 @@ fn build<'py>(
             dict.into_any()
         }
         Node::Dataclass { .. } | Node::Registered { .. } => {
-            return Err(PyValueError::new_err(
+            return Err(PyRuntimeError::new_err(
                 "the output tree has a node that is not builtin",
             ))
         }
     })
+}
+
+/// The executable's outputs are not the leaves of its output tree (which jaxlib rules out).
+fn unfilled(count: usize) -> PyErr {
+    PyRuntimeError::new_err(format!("{count} outputs do not fill the output tree"))
 }
 
 /// `value` taken apart one level by JAX's registry: its children and node data; None for a
