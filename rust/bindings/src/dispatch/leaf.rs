@@ -220,10 +220,11 @@ impl SeenArrays {
     ) -> Option<LiveLeaf<'py>> {
         let pair = self.slots.get_mut(position)?;
         let i = pair.iter().position(|seen| match seen {
-            // SAFETY: `array` is a live weak reference; the object it gives back (None once
-            // the array is gone) is borrowed, and only its address is compared.
+            // SAFETY: `array` is a live weak reference, held here. Its referent's address is
+            // read and compared, never followed: CPython sets it to None when the referent
+            // dies, and `leaf`, which the call holds, is alive.
             Seen::Held { array, .. } => unsafe {
-                pyo3::ffi::PyWeakref_GetObject(array.as_ptr()) == leaf.as_ptr()
+                (*array.as_ptr().cast::<pyo3::ffi::PyWeakReference>()).wr_object == leaf.as_ptr()
             },
             _ => false,
         })?;
