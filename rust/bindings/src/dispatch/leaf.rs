@@ -201,7 +201,7 @@ impl SeenArrays {
             // SAFETY: the elements up to `known` were written above, within the capacity.
             unsafe { keys.set_len(known) };
             if let Some(leaf) = leaves.get(known) {
-                let Some(key) = self.read(h, known, leaf)? else {
+                let Some(key) = self.read_unremembered(h, known, leaf)? else {
                     return Ok(None);
                 };
                 keys.push(key);
@@ -254,6 +254,20 @@ impl SeenArrays {
         position: usize,
         leaf: &Bound<'py, PyAny>,
     ) -> PyResult<Option<LiveLeaf<'py>>> {
+        match self.remembered(position, leaf) {
+            Some(live) => Ok(Some(live)),
+            None => self.read_unremembered(h, position, leaf),
+        }
+    }
+
+    /// Reads `leaf`, which is no array held at `position`, and remembers it there if it is
+    /// an array.
+    fn read_unremembered<'py>(
+        &mut self,
+        h: &Handles,
+        position: usize,
+        leaf: &Bound<'py, PyAny>,
+    ) -> PyResult<Option<LiveLeaf<'py>>> {
         if position >= SEEN_POSITIONS
             || !std::ptr::eq(leaf.get_type_ptr(), h.arrays.array_impl.as_ptr().cast())
         {
@@ -261,9 +275,6 @@ impl SeenArrays {
         }
         if self.slots.len() <= position {
             self.slots.resize_with(position + 1, Default::default);
-        }
-        if let Some(live) = self.remembered(position, leaf) {
-            return Ok(Some(live));
         }
         let pair = &mut self.slots[position];
         let live = LiveLeaf::array(h, leaf)?;
