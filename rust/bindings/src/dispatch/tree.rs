@@ -12,6 +12,7 @@ use std::hash::{Hash, Hasher};
 use std::sync::{Arc, LazyLock};
 
 use pyo3::exceptions::PyRuntimeError;
+use pyo3::ffi;
 use pyo3::gc::PyVisit;
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -484,29 +485,61 @@ fn build<'py>(
     let Some(node) = nodes.next() else {
         return Err(unfilled(count));
     };
-    let mut children = |n: usize| {
-        (0..n)
-            .map(|_| build(py, nodes, leaves, count))
-            .collect::<PyResult<Vec<_>>>()
-    };
-    Ok(match node {
-        Node::Leaf => leaves.next().ok_or_else(|| unfilled(count))?,
-        Node::Nothing => py.None().into_bound(py),
-        Node::Tuple(n) => PyTuple::new(py, children(*n)?)?.into_any(),
-        Node::List(n) => PyList::new(py, children(*n)?)?.into_any(),
+    match node {
+        Node::Leaf => leaves.next().ok_or_else(|| unfilled(count)),
+        Node::Nothing => Ok(py.None().into_bound(py)),
+        // Tuples and lists are made at their size and filled as their children are built.
+        // SAFETY (both): `PyTuple_New` and `PyList_New` give a new container of `n` empty
+        // slots, or NULL with the error set, which `from_owned_ptr_or_err` raises. Each slot
+        // is filled once, with an owned reference. Until then it is NULL, which CPython's
+        // tuple and list code allows (deallocation, the garbage collector's traversal).
+        Node::Tuple(n) => {
+            let tuple = unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyTuple_New(ssize(*n)))? };
+            for i in 0..*n {
+                let child = child(py, nodes, leaves, count)?;
+                unsafe { ffi::PyTuple_SET_ITEM(tuple.as_ptr(), ssize(i), child.into_ptr()) };
+            }
+            Ok(tuple)
+        }
+        Node::List(n) => {
+            let list = unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyList_New(ssize(*n)))? };
+            for i in 0..*n {
+                let child = child(py, nodes, leaves, count)?;
+                unsafe { ffi::PyList_SET_ITEM(list.as_ptr(), ssize(i), child.into_ptr()) };
+            }
+            Ok(list)
+        }
         Node::Dict { keys, .. } => {
             let dict = PyDict::new(py);
-            for (key, value) in keys.iter().zip(children(keys.len())?) {
-                dict.set_item(key, value)?;
+            for key in keys {
+                dict.set_item(key, child(py, nodes, leaves, count)?)?;
             }
-            dict.into_any()
+            Ok(dict.into_any())
         }
-        Node::Dataclass { .. } | Node::Registered { .. } => {
-            return Err(PyRuntimeError::new_err(
-                "the output tree has a node that is not builtin",
-            ))
-        }
-    })
+        Node::Dataclass { .. } | Node::Registered { .. } => Err(PyRuntimeError::new_err(
+            "the output tree has a node that is not builtin",
+        )),
+    }
+}
+
+/// A container's next child, as `build` builds it; a leaf is taken without a call.
+#[inline]
+fn child<'py>(
+    py: Python<'py>,
+    nodes: &mut std::slice::Iter<'_, Node>,
+    leaves: &mut impl Iterator<Item = Bound<'py, PyAny>>,
+    count: usize,
+) -> PyResult<Bound<'py, PyAny>> {
+    if let Some(Node::Leaf) = nodes.as_slice().first() {
+        nodes.next();
+        return leaves.next().ok_or_else(|| unfilled(count));
+    }
+    build(py, nodes, leaves, count)
+}
+
+/// A container's size as a `Py_ssize_t` (a tree's sizes come from containers that exist).
+fn ssize(n: usize) -> ffi::Py_ssize_t {
+    ffi::Py_ssize_t::try_from(n).unwrap_or(ffi::Py_ssize_t::MAX)
 }
 
 /// The executable's outputs are not the leaves of its output tree (which jaxlib rules out).
