@@ -3,9 +3,10 @@
 Each row is one way of calling a compiled function in a loop, timed on cache hits (every side
 is called once, untimed, before the timing): scalars of each Python type, numpy scalars and
 arrays, keyword and static arguments, alternating signatures, parameter trees with a keyword
-learning rate, custom pytree nodes, None leaves, trees of outputs, donation loops, AOT
-compiled functions, new arrays on every call, and several threads at once. Rows that cycle
-through several calls (alternating dtypes, say) cycle the same way on every side.
+learning rate, custom pytree nodes, None leaves, trees of outputs (a small one, and a dict of
+32), donation loops, AOT compiled functions, new arrays on every call, and several threads at
+once. Rows that cycle through several calls (alternating dtypes, say) cycle the same way on
+every side.
 
 The **floor** is the same executable run raw (`execute_sharded` and the result handlers) on
 inputs already placed on the devices: numpy arrays and Python scalars are placed once, before
@@ -204,6 +205,10 @@ def tree_out(x):
     return {"double": x * 2, "pair": (x + 1, x.sum())}
 
 
+def metrics_out(x):
+    return {f"metric{i:02d}": x * i for i in range(32)}
+
+
 def loop_step(state, x):
     return state * 0.5 + x
 
@@ -243,6 +248,7 @@ def _jit_patterns() -> dict[str, Callable[[int], tuple[Any, Calls, dict[str, Any
             registered_step, [((Registered(x(d), x(d)),), {})], {}),
         "f(tree with None leaves)": lambda d: (with_nones, [((tree(d),), {})], {}),
         "f(x) → tree of outputs": lambda d: (tree_out, [((x(d),), {})], {}),
+        "f(x) → dict of 32 outputs": lambda d: (metrics_out, [((x(d),), {})], {}),
     }
 
 
@@ -268,6 +274,7 @@ def _pmap_patterns() -> dict[str, Callable[[int], tuple[Any, Calls, dict[str, An
         "f(x) alternating two shapes": lambda d: (
             plus_one, [((x(d, 4),), {}), ((x(d, 8),), {})], on(d)),
         "f(x) → tree of outputs": lambda d: (tree_out, [((x(d, 4),), {})], on(d)),
+        "f(x) → dict of 32 outputs": lambda d: (metrics_out, [((x(d, 4),), {})], on(d)),
     }
 
 
