@@ -488,26 +488,13 @@ fn build<'py>(
     match node {
         Node::Leaf => leaves.next().ok_or_else(|| unfilled(count)),
         Node::Nothing => Ok(py.None().into_bound(py)),
-        // Tuples and lists are made at their size and filled as their children are built.
-        // SAFETY (both): `PyTuple_New` and `PyList_New` give a new container of `n` empty
-        // slots, or NULL with the error set, which `from_owned_ptr_or_err` raises. Each slot
-        // is filled once, with an owned reference. Until then it is NULL, which CPython's
-        // tuple and list code allows (deallocation, the garbage collector's traversal).
         Node::Tuple(n) => {
-            let tuple = unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyTuple_New(ssize(*n)))? };
-            for i in 0..*n {
-                let child = child(py, nodes, leaves, count)?;
-                unsafe { ffi::PyTuple_SET_ITEM(tuple.as_ptr(), ssize(i), child.into_ptr()) };
-            }
-            Ok(tuple)
+            let tuple: SequenceApi = (ffi::PyTuple_New, ffi::PyTuple_SET_ITEM);
+            sequence(py, *n, tuple, nodes, leaves, count)
         }
         Node::List(n) => {
-            let list = unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyList_New(ssize(*n)))? };
-            for i in 0..*n {
-                let child = child(py, nodes, leaves, count)?;
-                unsafe { ffi::PyList_SET_ITEM(list.as_ptr(), ssize(i), child.into_ptr()) };
-            }
-            Ok(list)
+            let list: SequenceApi = (ffi::PyList_New, ffi::PyList_SET_ITEM);
+            sequence(py, *n, list, nodes, leaves, count)
         }
         Node::Dict { keys, .. } => {
             let dict = PyDict::new(py);
@@ -520,6 +507,34 @@ fn build<'py>(
             "the output tree has a node that is not builtin",
         )),
     }
+}
+
+/// The constructor of a tuple or list of empty slots (`PyTuple_New`), and its setter of one slot.
+type SequenceApi = (
+    unsafe extern "C" fn(ffi::Py_ssize_t) -> *mut ffi::PyObject,
+    unsafe fn(*mut ffi::PyObject, ffi::Py_ssize_t, *mut ffi::PyObject),
+);
+
+/// A tuple or list (by `api`) of `n` children, made at its size and filled as its children are
+/// built.
+fn sequence<'py>(
+    py: Python<'py>,
+    n: usize,
+    (new, set): SequenceApi,
+    nodes: &mut std::slice::Iter<'_, Node>,
+    leaves: &mut impl Iterator<Item = Bound<'py, PyAny>>,
+    count: usize,
+) -> PyResult<Bound<'py, PyAny>> {
+    // SAFETY: `new` (`PyTuple_New`, `PyList_New`) gives a new container of `n` empty slots, or
+    // NULL with the error set, which `from_owned_ptr_or_err` raises. Each slot is set once,
+    // below `n`, with an owned reference. Until then it is NULL, which CPython's tuple and
+    // list code allows (deallocation, the garbage collector's traversal).
+    let sequence = unsafe { Bound::from_owned_ptr_or_err(py, new(ssize(n)))? };
+    for i in 0..n {
+        let child = child(py, nodes, leaves, count)?;
+        unsafe { set(sequence.as_ptr(), ssize(i), child.into_ptr()) };
+    }
+    Ok(sequence)
 }
 
 /// A container's next child, as `build` builds it; a leaf is taken without a call.
