@@ -4,9 +4,9 @@ Each row is one way of calling a compiled function in a loop, timed on cache hit
 is called once, untimed, before the timing): scalars of each Python type, numpy scalars and
 arrays, keyword and static arguments, alternating signatures, parameter trees with a keyword
 learning rate, custom pytree nodes, None leaves, trees of outputs (a small one, and a dict of
-32), donation loops, AOT compiled functions, new arrays on every call, and several threads at
-once. Rows that cycle through several calls (alternating dtypes, say) cycle the same way on
-every side.
+32), donation loops, AOT compiled functions, new arrays (placed or numpy) on every call, and
+several threads at once. Rows that cycle through several calls (alternating dtypes, say) cycle
+the same way on every side.
 
 The **floor** is the same executable run raw (`execute_sharded` and the result handlers) on
 inputs already placed on the devices: numpy arrays and Python scalars are placed once, before
@@ -322,13 +322,22 @@ def _aot(d: int) -> Sides:
 def _new_arrays(d: int) -> Sides:
     """Each call gets arrays it has not seen: 64 distinct arrays of one shape, placed by
     jax.device_put (as a data loader's batches are), cycled."""
-    batches = [_array(d, offset=i) for i in range(64)]
-    calls = [((b,), {}) for b in batches]
-    ours, theirs = fastpjit.jit(plus_one), jax.jit(fresh(plus_one))
-    floor_fn = jax.jit(fresh(plus_one))
-    miss = _jax.jit_cache_miss(floor_fn, (batches[0],), {})
+    return _new_batches(plus_one, [((_array(d, offset=i),), {}) for i in range(64)])
+
+
+def _new_host_arrays(d: int) -> Sides:
+    """f(x, batch) where each call's batch is a numpy array of values not seen in the latest
+    calls: 64 distinct arrays, cycled. The floor's batches are placed before the timing."""
+    x = _array(d)
+    return _new_batches(add, [((x, np.full(SHAPE, i, np.float32)), {}) for i in range(64)])
+
+
+def _new_batches(fun: Any, calls: Calls) -> Sides:
+    ours, theirs = fastpjit.jit(fun), jax.jit(fresh(fun))
+    miss = _jax.jit_cache_miss(jax.jit(fresh(fun)), *calls[0])
     run = runner(miss.fast_path)
-    floors = [lambda b=b: run([b]) for b in batches]
+    placed = [placed_inputs(miss.fast_path, list(args)) for args, _ in calls]
+    floors = [lambda p=p: run(p) for p in placed]
     _check_hit(ours, calls)
     return Sides(ours=_calls(ours, calls), jax=_calls(theirs, calls), floor=_cycle(floors),
                  check=same_result)
@@ -382,6 +391,8 @@ def _build_cases() -> list[Case]:
                            "jit", d))
         cases.append(_case("AOT compiled f(x)", lambda d=d: _aot(d), "jit", d))
         cases.append(_case("f(new array) on every call", lambda d=d: _new_arrays(d), "jit", d))
+        cases.append(_case("f(x, new numpy array) on every call",
+                           lambda d=d: _new_host_arrays(d), "jit", d))
     for d in (1, 8):
         for name in _pmap_patterns():
             cases.append(_case(name, lambda d=d, n=name: _pattern_row("pmap", n, d), "pmap", d))

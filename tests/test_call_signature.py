@@ -454,6 +454,78 @@ def test_numpy_scalars_and_arrays_of_every_width():
         assert_same_outputs(ours(x, v), theirs(x, v))
 
 
+def kept_copies_of(value: np.ndarray) -> list[jax.Array]:
+    """The live device arrays that hold `value` (of its shape and dtype): give it values that
+    no other test makes."""
+    return [a for a in jax.live_arrays()
+            if a.shape == value.shape and a.dtype == value.dtype and not a.is_deleted()
+            and np.array_equal(np.asarray(a), value)]
+
+
+@pytest.mark.parametrize("placement", ["one device", "eight devices", "pmap"])
+def test_small_numpy_arguments_are_kept_on_device_and_compared_by_content(placement):
+    # A small numpy argument passed again with the same contents reuses a device copy of
+    # it; contents changed in place, a new array of equal contents, or a non-contiguous view
+    # are compared by what they hold, never by identity.
+    if placement == "pmap":
+        ours, theirs = fastpjit.pmap(lambda a, b: a + b), jax.pmap(lambda a, b: a + b)
+        x = jnp.arange(32.0, dtype=jnp.float32).reshape(8, 4)
+    else:
+        ours, theirs = both(lambda a, b: a + b)
+        x = jnp.arange(32.0, dtype=jnp.float32).reshape(8, 4)
+        if placement == "eight devices":
+            x = jax.device_put(x, ROW_8)
+    value = np.arange(32, dtype=np.float32).reshape(8, 4) * 7.25 + 0.125
+    for _ in range(3):
+        assert_same_outputs(ours(x, value), theirs(x, value))
+    (kept,) = kept_copies_of(value)
+    value[2, 1] = -1.5  # changed in place: not the kept copy
+    assert_same_outputs(ours(x, value), theirs(x, value))
+    assert_same_outputs(ours(x, value.copy()), theirs(x, value.copy()))
+    column_major = np.asfortranarray(value)
+    for _ in range(3):
+        assert_same_outputs(ours(x, column_major), theirs(x, column_major))
+    column_major[0, 0] = 9.0
+    assert_same_outputs(ours(x, column_major), theirs(x, column_major))
+    # A kept copy deleted behind the dispatcher's back (jax.live_arrays reaches it) is
+    # placed again.
+    for _ in range(3):
+        ours(x, value)
+    for array in kept_copies_of(value):
+        array.delete()
+    assert_same_outputs(ours(x, value), theirs(x, value))
+    del kept
+
+
+def test_host_values_seen_once_are_not_kept():
+    # A loop that passes new contents on every call keeps no device copies of them.
+    f = fastpjit.jit(lambda a, b: a + b)
+    x = jnp.zeros(4, jnp.float32)
+    values = [np.full(4, 2000.5 + i, np.float32) for i in range(6)]
+    for v in values:
+        np.testing.assert_array_equal(np.asarray(f(x, v)), v)
+    assert not any(kept_copies_of(v) for v in values)
+
+
+def test_donated_numpy_arguments_are_never_reused():
+    ours, theirs = both(lambda a, b: a * 2 + b, donate_argnums=0)
+    value, y = np.arange(4, dtype=np.float32) * 3.5 + 1000.25, np.ones(4, np.float32)
+    for _ in range(4):
+        assert_same_outputs(ours(value, y), theirs(value, y))
+    assert not kept_copies_of(value)
+    assert kept_copies_of(y)
+
+
+def test_large_numpy_arguments_take_the_placing_path_and_match_jax():
+    ours, theirs = both(lambda a, b: a + b)
+    x = jnp.zeros((64, 64), jnp.float32)
+    value = np.arange(64 * 64, dtype=np.float32).reshape(64, 64)
+    for _ in range(3):
+        assert_same_outputs(ours(x, value), theirs(x, value))
+    value[63, 63] = -1.0
+    assert_same_outputs(ours(x, value), theirs(x, value))
+
+
 def test_keyword_arguments_in_any_order_and_names_built_at_run_time():
     ours, theirs = both(lambda a, b, c: a - b * c)
     x, y, z = jnp.arange(4.0), jnp.ones(4), jnp.full(4, 2.0)
@@ -496,13 +568,14 @@ def test_a_donated_argument_that_is_also_another_argument_raises_instead_of_cras
     assert result.stdout.split() == ["raised", "True", "2.0"]
 
 
-def test_the_transfer_guard_watches_cached_scalars():
-    # A Python scalar is an implicit host-to-device transfer on every call, even where the
-    # dispatcher keeps a device copy of its value.
+@pytest.mark.parametrize("value", [2.0, np.full(4, 2.0, np.float32)], ids=["scalar", "array"])
+def test_the_transfer_guard_watches_kept_host_values(value):
+    # A Python scalar or numpy array is an implicit host-to-device transfer on every call,
+    # even where the dispatcher keeps a device copy of its value.
     ours, theirs = both(lambda a, b: a * b)
     x = jnp.arange(4.0)
     for f in (ours, theirs):
-        f(x, 2.0), f(x, 2.0)
+        f(x, value), f(x, value), f(x, value)
     levels = (("disallow", True), ("disallow_explicit", True), ("log", False),
               ("log_explicit", False), ("allow", False))
     for level, raises in levels:
@@ -510,9 +583,9 @@ def test_the_transfer_guard_watches_cached_scalars():
             with jax.transfer_guard(level):
                 if raises:
                     with pytest.raises(JaxRuntimeError, match="Disallowed host-to-device"):
-                        f(x, 2.0)
+                        f(x, value)
                 else:
-                    np.testing.assert_array_equal(np.asarray(f(x, 2.0)), np.arange(4.0) * 2)
+                    np.testing.assert_array_equal(np.asarray(f(x, value)), np.arange(4.0) * 2)
 
 
 def test_a_masked_array_fails_like_jax_after_a_plain_array_was_cached():

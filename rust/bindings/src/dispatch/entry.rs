@@ -1,11 +1,13 @@
 //! A cached executable, and how each argument of a call that hits it becomes an input: an
 //! array on the executable's input sharding passes as it is, an array elsewhere is moved by
-//! JAX, a numpy array is placed by the Rust shard path, and a scalar (immutable) comes from
-//! device copies of its recent values.
+//! JAX, and a host value (a scalar, a numpy array) comes from a device copy of the same bytes
+//! kept from an earlier call, or else is placed by the Rust shard path.
 
 use std::sync::{Mutex, PoisonError};
 
+use fastpjit_core::KeptValues;
 use numpy::npyffi::PY_ARRAY_API;
+use numpy::{PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::gc::PyVisit;
 use pyo3::intern;
@@ -30,10 +32,8 @@ enum Input {
     Pass,
     /// An array elsewhere, which JAX moves to this sharding.
     Move(Py<PyAny>),
-    /// A numpy array, placed as planned.
-    Host(HostInput),
-    /// A Python or numpy scalar, placed as planned.
-    Scalar(ScalarInput),
+    /// A numpy array or a Python or numpy scalar.
+    Host(HostArg),
     /// A host-local array of a pmap across processes, viewed as this process's part of a
     /// global array of this aval and sharding (its buffers are shared, not copied).
     Rewrap(Py<PyAny>, Py<PyAny>),
@@ -42,22 +42,16 @@ enum Input {
     ProcessLocal(Py<PyAny>, Py<PyAny>),
 }
 
-/// Device copies of a scalar argument's recent values. Scalars are immutable, so a value
-/// placed once serves every call that passes it again; not so for a donated argument, whose
-/// buffer the executable consumes.
-struct ScalarInput {
+/// A host argument, placed as planned, or taken from device copies of its recent values.
+struct HostArg {
     host: HostInput,
-    copies: Option<Mutex<Vec<ScalarCopy>>>,
+    /// None for a donated argument, whose buffer the executable consumes.
+    kept: Option<Mutex<KeptValues<Py<PyAny>>>>,
 }
 
-/// A scalar value's device copy.
-type ScalarCopy = (ScalarBits, Py<PyAny>);
-
-/// A scalar value by its bits (so 0.0 and -0.0 differ, and a NaN equals itself).
-type ScalarBits = [u64; 2];
-
-/// How many values of one scalar argument keep device copies.
-const SCALAR_COPIES: usize = 4;
+/// The largest numpy array whose values are kept on the device: comparing its bytes costs
+/// far less than placing it, and an argument keeps at most four.
+const KEPT_ARRAY_BYTES: usize = 1024;
 
 /// How the outputs, as the executable gives them (a list), become the call's result.
 enum Outputs {
@@ -142,13 +136,9 @@ impl Entry {
                         Input::Move(sharding)
                     }
                 }
-                LeafKey::Host {
-                    kind: super::leaf::HostKind::Array,
-                    ..
-                } => Input::Host(HostInput::new(&leaves[j], sharding.bind(py))?),
-                LeafKey::Host { .. } | LeafKey::Scalar(_) => Input::Scalar(ScalarInput {
+                LeafKey::Host { .. } | LeafKey::Scalar(_) => Input::Host(HostArg {
                     host: HostInput::new(&leaves[j], sharding.bind(py))?,
-                    copies: (!fast.donated[j]).then(|| Mutex::new(Vec::new())),
+                    kept: (!fast.donated[j]).then(Mutex::default),
                 }),
             });
         }
@@ -226,8 +216,7 @@ impl Entry {
                         count_fallback(moved);
                         inputs.push(h.shard_arg.bind(py).call1((leaf, sharding))?);
                     }
-                    Input::Host(host) => inputs.push(host.place(leaf)?),
-                    Input::Scalar(scalar) => inputs.push(scalar.place(h, leaf, key)?),
+                    Input::Host(host) => inputs.push(host.place(h, leaf, key)?),
                     Input::Rewrap(aval, sharding) => {
                         check_live(h, leaf, j)?;
                         inputs.push(h.rewrap.bind(py).call1((leaf, aval, sharding))?);
@@ -390,9 +379,10 @@ fn check_live(h: &Handles, array: &Bound<'_, PyAny>, position: usize) -> PyResul
     )))
 }
 
-impl ScalarInput {
-    /// The scalar `leaf` on the input's sharding: a device copy of the same value if one is
-    /// kept (and the transfer guard does not watch implicit transfers), else placed now.
+impl HostArg {
+    /// The host value `leaf` on the input's sharding: a kept device copy of the same bytes if
+    /// there is one (and the transfer guard does not watch implicit transfers), else placed
+    /// now, and kept if the value was seen among the latest.
     fn place<'py>(
         &self,
         h: &Handles,
@@ -400,84 +390,114 @@ impl ScalarInput {
         key: &LiveLeaf<'py>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let py = leaf.py();
-        let (Some(copies), Some(bits)) = (&self.copies, scalar_bits(leaf, key)) else {
+        let kept_and_bytes = self
+            .kept
+            .as_ref()
+            .and_then(|kept| Some((kept, ValueBytes::of(leaf, key)?)));
+        let Some((kept, bytes)) = kept_and_bytes else {
             return self.host.place(leaf);
         };
-        let lock = || copies.lock().unwrap_or_else(PoisonError::into_inner);
-        let kept = {
-            let copies = lock();
-            copies
-                .iter()
-                .find(|(b, _)| *b == bits)
-                .map(|(_, a)| a.clone_ref(py))
-        };
-        if let Some(array) = kept {
-            let array = array.into_bound(py);
-            // `jax.live_arrays()` can reach it and delete it.
-            if !is_deleted(h, &array)? && !h.host_transfers_guarded(py)? {
-                return Ok(array);
+        let bytes = bytes.as_slice();
+        let lock = || kept.lock().unwrap_or_else(PoisonError::into_inner);
+        let copy = lock().get(bytes).map(|copy| copy.clone_ref(py));
+        let admitted = match copy {
+            Some(copy) => {
+                let copy = copy.into_bound(py);
+                if h.host_transfers_guarded(py)? {
+                    return self.host.place(leaf);
+                }
+                // `jax.live_arrays()` can reach it and delete it; then it is placed anew.
+                if !is_deleted(h, &copy)? {
+                    return Ok(copy);
+                }
+                true
             }
-        }
-        let array = self.host.place(leaf)?;
-        // The copies replaced are released after the lock: freeing a jax.Array releases the
-        // GIL, and a thread that takes it may be waiting for this lock.
-        let dropped = {
-            let mut copies = lock();
-            let (replaced, mut kept): (Vec<ScalarCopy>, Vec<ScalarCopy>) =
-                std::mem::take(&mut *copies)
-                    .into_iter()
-                    .partition(|(b, _)| *b == bits);
-            kept.insert(0, (bits, array.clone().unbind()));
-            let evicted = kept.split_off(kept.len().min(SCALAR_COPIES));
-            *copies = kept;
-            (replaced, evicted)
+            None => lock().admit(bytes),
         };
+        if !admitted {
+            return self.host.place(leaf);
+        }
+        let array = self.host.place_owned(leaf)?;
+        // The copies no longer kept are released after the lock: freeing a jax.Array
+        // releases the GIL, and a thread that takes it may be waiting for this lock.
+        let dropped = lock().keep(bytes, array.clone().unbind());
         drop(dropped);
         Ok(array)
     }
 }
 
-/// The bits of a scalar leaf's value; None for a Python int beyond 64 bits (which JAX rejects
-/// when it is placed).
-fn scalar_bits(leaf: &Bound<'_, PyAny>, key: &LiveLeaf<'_>) -> Option<ScalarBits> {
-    match key {
-        LiveLeaf::Scalar(ScalarKind::Bool) => {
-            let value = leaf.cast::<PyBool>().ok()?.is_true();
-            Some([u64::from(value), 0])
-        }
-        LiveLeaf::Scalar(ScalarKind::Int) => {
-            Some([leaf.cast::<PyInt>().ok()?.extract::<i64>().ok()? as u64, 0])
-        }
-        LiveLeaf::Scalar(ScalarKind::Float) => {
-            Some([leaf.cast::<PyFloat>().ok()?.value().to_bits(), 0])
-        }
-        LiveLeaf::Scalar(ScalarKind::Complex) => {
-            let value = leaf.cast::<PyComplex>().ok()?;
-            Some([value.real().to_bits(), value.imag().to_bits()])
-        }
-        LiveLeaf::Host {
-            descr: Some(descr), ..
-        } => {
-            let size = numpy::PyArrayDescrMethods::itemsize(descr);
-            if size > 16 {
-                return None;
-            }
+/// The bytes of a host leaf's value, which key its device copies: a scalar's bits (so 0.0
+/// and -0.0 differ, and a NaN equals itself), or a small C-ordered numpy array's memory. None
+/// for other values, and for a Python int beyond 64 bits (which JAX rejects when placed).
+enum ValueBytes<'a> {
+    Scalar([u8; 16]),
+    Array(&'a [u8]),
+}
+
+impl<'a> ValueBytes<'a> {
+    fn of(leaf: &'a Bound<'_, PyAny>, key: &LiveLeaf<'_>) -> Option<Self> {
+        let bits = |low: u64, high: u64| {
             let mut bytes = [0u8; 16];
-            // SAFETY: `leaf` is a numpy scalar of dtype `descr`, whose value fits the buffer.
-            unsafe {
-                PY_ARRAY_API.PyArray_ScalarAsCtype(
-                    leaf.py(),
-                    leaf.as_ptr(),
-                    bytes.as_mut_ptr().cast(),
-                );
+            bytes[..8].copy_from_slice(&low.to_le_bytes());
+            bytes[8..].copy_from_slice(&high.to_le_bytes());
+            Some(Self::Scalar(bytes))
+        };
+        match key {
+            LiveLeaf::Scalar(ScalarKind::Bool) => {
+                bits(u64::from(leaf.cast::<PyBool>().ok()?.is_true()), 0)
             }
-            let (low, high) = bytes.split_at(8);
-            Some([
-                u64::from_le_bytes(low.try_into().ok()?),
-                u64::from_le_bytes(high.try_into().ok()?),
-            ])
+            LiveLeaf::Scalar(ScalarKind::Int) => {
+                bits(leaf.cast::<PyInt>().ok()?.extract::<i64>().ok()? as u64, 0)
+            }
+            LiveLeaf::Scalar(ScalarKind::Float) => {
+                bits(leaf.cast::<PyFloat>().ok()?.value().to_bits(), 0)
+            }
+            LiveLeaf::Scalar(ScalarKind::Complex) => {
+                let value = leaf.cast::<PyComplex>().ok()?;
+                bits(value.real().to_bits(), value.imag().to_bits())
+            }
+            LiveLeaf::Host {
+                descr: Some(descr), ..
+            } => {
+                if descr.itemsize() > 16 {
+                    return None;
+                }
+                let mut bytes = [0u8; 16];
+                // SAFETY: `leaf` is a numpy scalar of dtype `descr`, whose value fits the buffer.
+                unsafe {
+                    PY_ARRAY_API.PyArray_ScalarAsCtype(
+                        leaf.py(),
+                        leaf.as_ptr(),
+                        bytes.as_mut_ptr().cast(),
+                    );
+                }
+                Some(Self::Scalar(bytes))
+            }
+            LiveLeaf::Host { descr: None, .. } => {
+                let array = leaf.cast::<PyUntypedArray>().ok()?;
+                let len = array.len() * array.dtype().itemsize();
+                if !array.is_c_contiguous() || len > KEPT_ARRAY_BYTES {
+                    return None;
+                }
+                // SAFETY: a C-contiguous array's `len` bytes start at its data pointer, and
+                // `leaf` keeps them alive for 'a. Another thread that writes them without the
+                // GIL races with this read as it would with the copy that placing makes.
+                let data = unsafe { (*array.as_array_ptr()).fields.data };
+                Some(Self::Array(if len == 0 {
+                    &[]
+                } else {
+                    unsafe { std::slice::from_raw_parts(data.cast::<u8>(), len) }
+                }))
+            }
+            LiveLeaf::Array { .. } => None,
         }
-        _ => None,
+    }
+
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            Self::Scalar(bytes) => bytes,
+            Self::Array(bytes) => bytes,
+        }
     }
 }
 

@@ -1,0 +1,150 @@
+//! Device copies of an argument's recent host values, found by the values' bytes.
+//!
+//! A host value (a scalar, a small numpy array) is copied to the device on every call that
+//! passes it. Where a call passes the same bytes again, a copy kept from before serves: device
+//! arrays are immutable, so equal bytes mean an equal copy. A value is kept from the second
+//! time it is seen among the latest few, so that a loop passing new values on every call pays
+//! only a fingerprint per call, and no copy that it never uses again.
+
+use std::hash::Hasher;
+
+use rustc_hash::FxHasher;
+
+/// How many copies one argument keeps, and how many fingerprints of values not kept.
+pub const KEPT_VALUES: usize = 4;
+
+/// The copies of one argument's recent values (`T`, a device array), most recent first.
+#[derive(Debug)]
+pub struct KeptValues<T> {
+    kept: Vec<(Box<[u8]>, T)>,
+    /// Fingerprints of the latest values placed without keeping a copy, most recent first.
+    seen: Vec<u64>,
+}
+
+impl<T> Default for KeptValues<T> {
+    fn default() -> Self {
+        Self {
+            kept: Vec::with_capacity(KEPT_VALUES),
+            seen: Vec::with_capacity(KEPT_VALUES),
+        }
+    }
+}
+
+impl<T> KeptValues<T> {
+    /// The copy kept of the value of these bytes.
+    pub fn get(&self, bytes: &[u8]) -> Option<&T> {
+        self.kept
+            .iter()
+            .find(|(kept, _)| **kept == *bytes)
+            .map(|(_, copy)| copy)
+    }
+
+    /// Whether a copy of the value of these bytes, which has none kept, is worth keeping: it
+    /// was seen among the latest values placed. If not, it is remembered as seen.
+    pub fn admit(&mut self, bytes: &[u8]) -> bool {
+        let fingerprint = fingerprint(bytes);
+        if let Some(at) = self.seen.iter().position(|&f| f == fingerprint) {
+            self.seen.remove(at);
+            return true;
+        }
+        self.seen.truncate(KEPT_VALUES - 1);
+        self.seen.insert(0, fingerprint);
+        false
+    }
+
+    /// Keeps `copy` of the value of these bytes, first. Returns the copies that no longer
+    /// are kept (an earlier copy of the same value, the least recent one), which the caller
+    /// drops where it likes (freeing a device array may run other threads).
+    pub fn keep(&mut self, bytes: &[u8], copy: T) -> Vec<T> {
+        let mut dropped = Vec::new();
+        if let Some(at) = self.kept.iter().position(|(kept, _)| **kept == *bytes) {
+            dropped.push(self.kept.remove(at).1);
+        }
+        if self.kept.len() == KEPT_VALUES {
+            dropped.extend(self.kept.pop().map(|(_, copy)| copy));
+        }
+        self.kept.insert(0, (bytes.into(), copy));
+        dropped
+    }
+
+    /// How many copies are kept.
+    pub fn len(&self) -> usize {
+        self.kept.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.kept.is_empty()
+    }
+}
+
+fn fingerprint(bytes: &[u8]) -> u64 {
+    let mut hasher = FxHasher::default();
+    hasher.write(bytes);
+    hasher.write_usize(bytes.len());
+    hasher.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_value_is_kept_from_its_second_sighting() {
+        let mut values = KeptValues::default();
+        assert!(!values.admit(b"abc"));
+        assert!(values.get(b"abc").is_none());
+        assert!(values.admit(b"abc"));
+        assert!(values.keep(b"abc", 1).is_empty());
+        assert_eq!(values.get(b"abc"), Some(&1));
+        assert!(values.get(b"abd").is_none());
+        assert!(values.get(b"ab").is_none());
+    }
+
+    #[test]
+    fn new_values_on_every_call_are_never_admitted() {
+        let mut values = KeptValues::<u32>::default();
+        for i in 0..100u32 {
+            assert!(!values.admit(&i.to_le_bytes()));
+        }
+        assert!(values.is_empty());
+    }
+
+    #[test]
+    fn a_cycle_longer_than_the_fingerprints_is_never_admitted() {
+        let mut values = KeptValues::<u32>::default();
+        let cycle = KEPT_VALUES as u32 + 1;
+        for i in 0..10 * cycle {
+            assert!(!values.admit(&(i % cycle).to_le_bytes()));
+        }
+    }
+
+    #[test]
+    fn a_short_cycle_is_admitted_then_served_from_copies() {
+        let mut values = KeptValues::default();
+        let mut admitted = 0;
+        for i in 0..40u32 {
+            let bytes = (i % KEPT_VALUES as u32).to_le_bytes();
+            if values.get(&bytes).is_none() && values.admit(&bytes) {
+                admitted += 1;
+                values.keep(&bytes, i);
+            }
+        }
+        assert_eq!(admitted, KEPT_VALUES);
+        assert_eq!(values.len(), KEPT_VALUES);
+    }
+
+    #[test]
+    fn keeping_is_bounded_and_evicts_the_least_recent() {
+        let mut values = KeptValues::default();
+        for i in 0..KEPT_VALUES as u8 {
+            assert!(values.keep(&[i], i).is_empty());
+        }
+        assert_eq!(values.keep(&[100], 100), vec![0]);
+        assert!(values.get(&[0]).is_none());
+        assert_eq!(values.len(), KEPT_VALUES);
+        // A value kept again replaces its earlier copy.
+        assert_eq!(values.keep(&[2], 22), vec![2]);
+        assert_eq!(values.get(&[2]), Some(&22));
+        assert_eq!(values.len(), KEPT_VALUES);
+    }
+}
