@@ -19,6 +19,7 @@ time, and XLA's CPU collectives give up waiting for each other.
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -64,6 +65,8 @@ def _cases() -> dict[str, tuple[Any, tuple[Any, ...], dict[str, Any]]]:
         "f(x, 2)": (add, (x, 2), {}),
         "f(x, np.float32(1.5))": (add, (x, np.float32(1.5)), {}),
         "f(x, numpy array)": (add, (x, np.ones((8, 4), np.float32)), {}),
+        "f(x, new numpy array)": (add, (x, NewValues(np.full((8, 4), i, np.float32)
+                                                     for i in range(64))), {}),
         "f(x, b=y)": (add, (x,), {"b": x}),
         "f(x, None)": (lambda a, b: a, (x, None), {}),
         "f(nested dicts and lists)": (
@@ -76,6 +79,17 @@ def _cases() -> dict[str, tuple[Any, tuple[Any, ...], dict[str, Any]]]:
         "8 dev: f(x, 1.0)": (add, (x8, 1.0), {}),
         "8 dev: f(x) → 3 outputs": (outputs(3), (x8,), {}),
     }
+
+
+class NewValues:
+    """An argument that takes the next of its values on every call, cycling."""
+
+    def __init__(self, values: Any) -> None:
+        self.next = itertools.cycle(list(values)).__next__
+
+
+def _resolve(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    return tuple(a.next() if isinstance(a, NewValues) else a for a in args)
 
 
 class Callgrind:
@@ -123,12 +137,16 @@ def main() -> None:
             continue
         counts = {}
         for side, f in (("ours", fastpjit.jit(fun)), ("jax", jax.jit(fun))):
-            for _ in range(30):
-                f(*args, **kwargs)
-            jax.block_until_ready(f(*args, **kwargs))
+            if any(isinstance(a, NewValues) for a in args):
+                def call(f=f, args=args, kwargs=kwargs):
+                    return f(*_resolve(args), **kwargs)
+            else:
+                def call(f=f, args=args, kwargs=kwargs):
+                    return f(*args, **kwargs)
 
-            def call(f=f, args=args, kwargs=kwargs):
-                return f(*args, **kwargs)
+            for _ in range(30):
+                call()
+            jax.block_until_ready(call())
 
             low, high = (callgrind.count(call, n) for n in CALLS)
             counts[side] = (high - low) / (CALLS[1] - CALLS[0])
