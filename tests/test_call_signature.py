@@ -497,6 +497,20 @@ def test_small_numpy_arguments_are_kept_on_device_and_compared_by_content(placem
     del kept
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.int64, np.bool_, np.uint8])
+def test_kept_numpy_values_that_jax_converts_match_jax(dtype):
+    # Without x64, float64 and int64 arrays are placed as 32-bit ones: their kept copies are
+    # the converted values, found by the bytes of the unconverted ones.
+    ours, theirs = both(lambda a, b: a + b)
+    x = jnp.arange(6, dtype=jnp.int32).reshape(2, 3)
+    value = (np.arange(6).reshape(2, 3) % 2 + 3).astype(dtype)
+    for _ in range(3):
+        assert_same_outputs(ours(x, value), theirs(x, value))
+    value[1, 2] = 0
+    for _ in range(3):
+        assert_same_outputs(ours(x, value), theirs(x, value))
+
+
 def test_host_values_seen_once_are_not_kept():
     # A loop that passes new contents on every call keeps no device copies of them.
     f = fastpjit.jit(lambda a, b: a + b)
