@@ -511,6 +511,30 @@ def test_kept_numpy_values_that_jax_converts_match_jax(dtype):
         assert_same_outputs(ours(x, value), theirs(x, value))
 
 
+def aligned_array(values: np.ndarray) -> np.ndarray:
+    """A copy of `values` whose data starts on a 64-byte boundary, where jaxlib on the CPU
+    adopts a host buffer instead of copying it."""
+    raw = np.empty(values.nbytes + 64, np.uint8)
+    offset = -raw.ctypes.data % 64
+    array = raw[offset:offset + values.nbytes].view(values.dtype).reshape(values.shape)
+    array[...] = values
+    return array
+
+
+def test_a_kept_copy_does_not_share_the_callers_memory():
+    # jaxlib adopts aligned numpy memory where it can; a kept copy made from it would change
+    # with the caller's array, and serve another array of the values it had before.
+    ours, theirs = both(lambda a, b: a + b)
+    x = jnp.zeros((8, 4), jnp.float32)
+    original = np.arange(32, dtype=np.float32).reshape(8, 4) * 5.5 + 0.375
+    value = aligned_array(original)
+    for _ in range(3):
+        assert_same_outputs(ours(x, value), theirs(x, value))
+    value[...] = -1.0
+    assert_same_outputs(ours(x, original), theirs(x, original))
+    assert_same_outputs(ours(x, value), theirs(x, value))
+
+
 def test_host_values_seen_once_are_not_kept():
     # A loop that passes new contents on every call keeps no device copies of them.
     f = fastpjit.jit(lambda a, b: a + b)
