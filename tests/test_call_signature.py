@@ -535,6 +535,38 @@ def test_a_kept_copy_does_not_share_the_callers_memory():
     assert_same_outputs(ours(x, value), theirs(x, value))
 
 
+@pytest.mark.timeout(60)
+def test_threads_share_kept_values_while_changing_their_own():
+    # Four threads call one function with host values, some shared and unchanged, some their
+    # own and changed in place between calls: every result is the one of its call's values.
+    f = fastpjit.jit(lambda a, b, c: a + b * c)
+    x = jnp.arange(32, dtype=jnp.float32).reshape(8, 4)
+    shared = np.full((8, 4), 0.5, np.float32)
+    errors: list[BaseException] = []
+
+    def worker(t: int) -> None:
+        rng = np.random.default_rng(t)
+        own = np.full((8, 4), float(t), np.float32)
+        try:
+            for step in range(300):
+                if rng.integers(0, 3) == 0:
+                    own[rng.integers(0, 8), rng.integers(0, 4)] = float(step % 5)
+                scale = float(rng.integers(0, 3))
+                b = own if step % 2 else shared
+                expected = np.asarray(x) + b * np.float32(scale)
+                np.testing.assert_array_equal(np.asarray(f(x, b, scale)), expected)
+        except BaseException as e:  # reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=50)
+    assert not any(thread.is_alive() for thread in threads)
+    assert not errors, errors[0]
+
+
 def test_host_values_seen_once_are_not_kept():
     # A loop that passes new contents on every call keeps no device copies of them.
     f = fastpjit.jit(lambda a, b: a + b)
