@@ -4,7 +4,6 @@
 use std::sync::Arc;
 
 use fastpjit_core::strided::{assemble, copy, Placement, StridedView};
-use numpy::npyffi::{NPY_ORDER, PY_ARRAY_API};
 use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::{PyOverflowError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::intern;
@@ -479,23 +478,6 @@ impl HostInput {
             weak_type: self.weak_type,
         };
         put(&value, self.sharding.bind(py), &self.plan, false)
-    }
-
-    /// Places `leaf` as `place` does, from memory of its own: never the caller's numpy
-    /// buffer, which jaxlib adopts where it can on the CPU, and which the caller may change.
-    pub fn place_owned<'py>(&self, leaf: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-        let HostSource::Array = self.source else {
-            return self.place(leaf);
-        };
-        let py = leaf.py();
-        let array = leaf.cast::<PyUntypedArray>()?;
-        // SAFETY: copies a live numpy array; a null result carries numpy's error.
-        let copy = unsafe {
-            let copy =
-                PY_ARRAY_API.PyArray_NewCopy(py, array.as_array_ptr(), NPY_ORDER::NPY_CORDER);
-            Bound::from_owned_ptr_or_err(py, copy)?
-        };
-        self.place(&copy)
     }
 }
 

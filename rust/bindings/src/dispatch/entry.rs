@@ -6,7 +6,7 @@
 use std::sync::{Mutex, PoisonError};
 
 use fastpjit_core::KeptValues;
-use numpy::npyffi::PY_ARRAY_API;
+use numpy::npyffi::{NPY_ORDER, PY_ARRAY_API};
 use numpy::{PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::gc::PyVisit;
@@ -417,12 +417,32 @@ impl HostArg {
         if !admitted {
             return self.host.place(leaf);
         }
-        let array = self.host.place_owned(leaf)?;
-        // The copies no longer kept are released after the lock: freeing a jax.Array
-        // releases the GIL, and a thread that takes it may be waiting for this lock.
-        let dropped = lock().keep(bytes, array.clone().unbind());
-        drop(dropped);
+        // The copy kept is placed from a snapshot of a numpy array, and keyed by the
+        // snapshot's bytes: on the CPU jaxlib adopts aligned numpy memory, and the caller may
+        // change its array later, or while this call has released the GIL.
+        let snapshot = match key {
+            LiveLeaf::Host { descr: None, .. } => private_copy(leaf)?,
+            _ => leaf.clone(),
+        };
+        let array = self.host.place(&snapshot)?;
+        if let Some(bytes) = ValueBytes::of(&snapshot, key) {
+            // The copies no longer kept are released after the lock: freeing a jax.Array
+            // releases the GIL, and a thread that takes it may be waiting for this lock.
+            let dropped = lock().keep(bytes.as_slice(), array.clone().unbind());
+            drop(dropped);
+        }
         Ok(array)
+    }
+}
+
+/// A C-ordered copy of a numpy array, in memory of its own.
+fn private_copy<'py>(leaf: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    let py = leaf.py();
+    let array = leaf.cast::<PyUntypedArray>()?;
+    // SAFETY: copies a live numpy array; a null result carries numpy's error.
+    unsafe {
+        let copy = PY_ARRAY_API.PyArray_NewCopy(py, array.as_array_ptr(), NPY_ORDER::NPY_CORDER);
+        Bound::from_owned_ptr_or_err(py, copy)
     }
 }
 
