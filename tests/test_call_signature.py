@@ -24,7 +24,7 @@ import pytest
 from jax.errors import JaxRuntimeError
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
-from test_jit import Counts, assert_same_outputs, both, fresh
+from test_jit import Counts, assert_same_outputs, both, fresh, run_in_threads
 
 import fastpjit
 
@@ -542,29 +542,19 @@ def test_threads_share_kept_values_while_changing_their_own():
     f = fastpjit.jit(lambda a, b, c: a + b * c)
     x = jnp.arange(32, dtype=jnp.float32).reshape(8, 4)
     shared = np.full((8, 4), 0.5, np.float32)
-    errors: list[BaseException] = []
 
     def worker(t: int) -> None:
         rng = np.random.default_rng(t)
         own = np.full((8, 4), float(t), np.float32)
-        try:
-            for step in range(300):
-                if rng.integers(0, 3) == 0:
-                    own[rng.integers(0, 8), rng.integers(0, 4)] = float(step % 5)
-                scale = float(rng.integers(0, 3))
-                b = own if step % 2 else shared
-                expected = np.asarray(x) + b * np.float32(scale)
-                np.testing.assert_array_equal(np.asarray(f(x, b, scale)), expected)
-        except BaseException as e:  # reported by the main thread
-            errors.append(e)
+        for step in range(300):
+            if rng.integers(0, 3) == 0:
+                own[rng.integers(0, 8), rng.integers(0, 4)] = float(step % 5)
+            scale = float(rng.integers(0, 3))
+            b = own if step % 2 else shared
+            expected = np.asarray(x) + b * np.float32(scale)
+            np.testing.assert_array_equal(np.asarray(f(x, b, scale)), expected)
 
-    threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=50)
-    assert not any(thread.is_alive() for thread in threads)
-    assert not errors, errors[0]
+    run_in_threads(worker, timeout=50)
 
 
 def test_host_values_seen_once_are_not_kept():

@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 import types
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -1428,6 +1429,25 @@ def test_fallbacks_are_counted_by_reason():
 # --- Threads --------------------------------------------------------------------------------
 
 
+def run_in_threads(work: Callable[[int], None], count: int = 4, timeout: float = 60) -> None:
+    """Runs `work(t)` on `count` threads at once; raises the first error that one of them met."""
+    errors: list[BaseException] = []
+
+    def run(t: int) -> None:
+        try:
+            work(t)
+        except BaseException as e:  # reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(t,)) for t in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=timeout)
+    assert not any(thread.is_alive() for thread in threads)
+    assert not errors, errors[0]
+
+
 def test_threads_call_one_function_concurrently():
     ours = fastpjit.jit(lambda x, y: x * 2 + y)
     host = {n: np.arange(n * 8, dtype=np.float32) for n in (1, 2)}
@@ -1445,28 +1465,18 @@ def test_threads_call_one_function_concurrently():
     for x in host.values():  # compile first, so that the threads mostly hit
         for sharding in shardings:
             round_of_calls(x, sharding)
-    errors: list[BaseException] = []
     rounds = [0] * 4
     deadline = time.monotonic() + 2.0
 
     def worker(t: int) -> None:
         rng = np.random.default_rng(t)
-        try:
-            while time.monotonic() < deadline:
-                round_of_calls(host[int(rng.integers(1, 3))], shardings[int(rng.integers(0, 3))])
-                if t == 0 and rounds[t] % 100 == 99:
-                    ours.clear_cache()  # the others miss, concurrently
-                rounds[t] += 1
-        except BaseException as e:  # reported by the main thread
-            errors.append(e)
+        while time.monotonic() < deadline:
+            round_of_calls(host[int(rng.integers(1, 3))], shardings[int(rng.integers(0, 3))])
+            if t == 0 and rounds[t] % 100 == 99:
+                ours.clear_cache()  # the others miss, concurrently
+            rounds[t] += 1
 
-    threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-    assert not any(thread.is_alive() for thread in threads)
-    assert not errors, errors[0]
+    run_in_threads(worker)
     assert min(rounds) > 20
 
 
@@ -1476,22 +1486,13 @@ def test_concurrent_misses_of_one_signature():
     def run(jitted: Any) -> None:
         barrier = threading.Barrier(4)
         x = jnp.ones(3)
-        errors: list[BaseException] = []
 
-        def worker() -> None:
-            try:
-                barrier.wait()
-                for _ in range(3):
-                    np.testing.assert_array_equal(np.asarray(jitted(x)), np.full(3, 2.0))
-            except BaseException as e:  # reported by the main thread
-                errors.append(e)
+        def worker(_: int) -> None:
+            barrier.wait()
+            for _ in range(3):
+                np.testing.assert_array_equal(np.asarray(jitted(x)), np.full(3, 2.0))
 
-        threads = [threading.Thread(target=worker) for _ in range(4)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(timeout=60)
-        assert not errors, errors[0]
+        run_in_threads(worker)
 
     theirs = jax.jit(plus_one_function())
     run(theirs)
