@@ -24,7 +24,7 @@ import pytest
 from jax.errors import JaxRuntimeError
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
-from test_jit import Counts, assert_same_outputs, both, fresh, run_in_threads
+from test_jit import Counts, assert_same_error, assert_same_outputs, both, fresh, run_in_threads
 
 import fastpjit
 
@@ -434,6 +434,35 @@ def test_calls_alternating_two_arrays_remember_both_and_keep_neither_alive():
     alive = weakref.ref(a), weakref.ref(b)
     del a, b
     assert [r() for r in alive] == [None, None]
+
+
+@pytest.mark.parametrize("kind", ["jit", "pmap"])
+@pytest.mark.parametrize("beside", ["nothing", "an array", "a scalar"])
+def test_none_where_a_remembered_array_died_is_read_as_none(kind, beside):
+    # A remembered array is held by a weak reference, whose referent CPython sets to None
+    # when the array dies: None, passed where that array was, must not pass for it (once
+    # fastpjit ran the array's executable with None for the array). Calls of arrays only take
+    # one path; calls with a scalar, another.
+    wrap = {"jit": fastpjit.jit, "pmap": fastpjit.pmap}[kind]
+    oracle = {"jit": jax.jit, "pmap": jax.pmap}[kind]
+    options = {"in_axes": (0, None)} if kind == "pmap" and beside == "a scalar" else {}
+
+    def double(*args):
+        return jax.tree.map(lambda v: v * 2, args)
+
+    ours, theirs = wrap(double, **options), oracle(fresh(double), **options)
+    rest = {"nothing": (), "an array": (jnp.ones((8, 2)),), "a scalar": (2.5,)}[beside]
+    for _ in range(3):
+        dying = jnp.ones((8, 3))
+        for _ in range(3):
+            assert_same_outputs(ours(dying, *rest), theirs(dying, *rest))
+        gone = weakref.ref(dying)
+        del dying
+        assert gone() is None
+        if kind == "pmap" and beside != "an array":  # nothing left to map
+            assert_same_error(ours, theirs, None, *rest)
+        else:
+            assert_same_outputs(ours(None, *rest), theirs(None, *rest))
 
 
 @pytest.mark.parametrize("value", [0.0, -0.0, 1.5, float("nan"), 3, -3, True, False, 2j])

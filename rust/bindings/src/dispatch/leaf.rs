@@ -218,11 +218,15 @@ impl SeenArrays {
         position: usize,
         leaf: &Bound<'py, PyAny>,
     ) -> Option<LiveLeaf<'py>> {
+        // A dead weak reference's referent is None (below), which a live array never is.
+        if leaf.is_none() {
+            return None;
+        }
         let pair = self.slots.get_mut(position)?;
         let i = pair.iter().position(|seen| match seen {
             // SAFETY: `array` is a live weak reference, held here. Its referent's address is
             // read and compared, never followed: CPython sets it to None when the referent
-            // dies, and `leaf`, which the call holds, is alive.
+            // dies, and `leaf`, which the call holds, is alive and not None.
             Seen::Held { array, .. } => unsafe {
                 (*array.as_ptr().cast::<pyo3::ffi::PyWeakReference>()).wr_object == leaf.as_ptr()
             },
