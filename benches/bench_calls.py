@@ -137,8 +137,9 @@ def _sharding(devices: int) -> Any:
 
 
 def _array(devices: int, shape: tuple[int, ...] = SHAPE, offset: float = 0.0) -> jax.Array:
+    """An array on the first `devices` devices; uncommitted on device 0 for `devices` 0."""
     host = np.arange(np.prod(shape), dtype=np.float32).reshape(shape) + offset
-    return jax.device_put(host, _sharding(devices))
+    return jax.device_put(host, _sharding(devices) if devices else None)
 
 
 def _stacked(devices: int, *shape: int) -> jax.Array:
@@ -393,6 +394,13 @@ def _build_cases() -> list[Case]:
         cases.append(_case("f(new array) on every call", lambda d=d: _new_arrays(d), "jit", d))
         cases.append(_case("f(x, new numpy array) on every call",
                            lambda d=d: _new_host_arrays(d), "jit", d))
+    # An uncommitted array on device 0, and in_shardings on device 1: on every call, JAX's
+    # dispatch copies it there in C++, and so does fastpjit's. (Onto 8 devices, JAX's Python
+    # moves it, on either side, and fastpjit counts a fallback.)
+    cases.append(_case("f(x) with in_shardings, x uncommitted on another device",
+                       lambda: _sides("jit", plus_one, [((_array(0),), {})],
+                                      in_shardings=jax.sharding.SingleDeviceSharding(
+                                          jax.devices()[1])), "jit", 1))
     for d in (1, 8):
         for name in _pmap_patterns():
             cases.append(_case(name, lambda d=d, n=name: _pattern_row("pmap", n, d), "pmap", d))

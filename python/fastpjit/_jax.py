@@ -56,6 +56,7 @@ DuplicateSpecError = _named_sharding.DuplicateSpecError
 __all__ = [
     "aot_cache_miss",
     "api_boundary",
+    "batched_copy",
     "array_aval",
     "array_committed",
     "ARRAY_HOST_VALUE",
@@ -116,6 +117,7 @@ __all__ = [
     "read_hlo_module",
     "result_handlers",
     "shard_arg",
+    "single_device_copy",
     "trace_context",
     "tracing",
     "TRANSFER_GUARD_ALLOW",
@@ -285,6 +287,19 @@ def passes_as_is(own: Any, target: Any) -> bool:
     return (tuple(target._device_assignment) == (device,)
             and (own.memory_kind or default) == (target.memory_kind or default))
 
+
+def single_device_copy(own: Any, target: Any) -> tuple[list[Any], list[Any], list[Any]] | None:
+    """Where an array on `own`, one device, becomes an input on `target`, another single
+    device, by a copy (JAX's dispatch copies it in C++): the arguments that `batched_copy`
+    takes after the list of arrays, for one array; else None."""
+    if own.num_devices != 1 or target.num_devices != 1 or not target.is_fully_addressable:
+        return None
+    return ([target._internal_device_list.addressable_device_list], [target],
+            [xc.ArrayCopySemantics.REUSE_INPUT])
+
+
+# jaxlib's copy of arrays to other devices; it applies the device-to-device transfer guard.
+batched_copy = _jaxlib.batched_copy_array_to_devices_with_sharding
 
 # The getter of a config state's value, called directly.
 config_value = vars(_jaxlib.config.Config)["value"].fget

@@ -1,6 +1,6 @@
 //! A cached executable, and how each argument of a call that hits it becomes an input: an
-//! array on the executable's input sharding passes as it is, an array elsewhere is moved by
-//! JAX, and a host value (a scalar, a numpy array) comes from a device copy of the same bytes
+//! array on the executable's input sharding passes as it is, an array on another single
+//! device is copied by jaxlib, an array elsewhere is moved by JAX, and a host value (a scalar, a numpy array) comes from a device copy of the same bytes
 //! kept from an earlier call, or else is placed by the Rust shard path.
 
 use std::sync::{Mutex, PoisonError};
@@ -30,6 +30,9 @@ enum Input {
     Dropped,
     /// An array on the executable's input sharding.
     Pass,
+    /// An array on another single device than the executable's one, copied there by jaxlib
+    /// (the arguments of `batched_copy` after the array).
+    Copy(Py<PyTuple>),
     /// An array elsewhere, which JAX moves to this sharding.
     Move(Py<PyAny>),
     /// A numpy array or a Python or numpy scalar.
@@ -130,10 +133,13 @@ impl Entry {
                 LeafKey::Array { sharding: own, .. } => {
                     let passes: bool =
                         h.passes_as_is.bind(py).call1((own, &sharding))?.extract()?;
+                    let copy = h.single_device_copy.bind(py).call1((own, &sharding))?;
                     if passes {
                         Input::Pass
-                    } else {
+                    } else if copy.is_none() {
                         Input::Move(sharding)
+                    } else {
+                        Input::Copy(copy.cast_into::<PyTuple>()?.unbind())
                     }
                 }
                 LeafKey::Host { .. } | LeafKey::Scalar(_) => Input::Host(HostArg {
@@ -210,6 +216,15 @@ impl Entry {
                             check_live(h, leaf, j)?;
                         }
                         inputs.push(leaf.clone());
+                    }
+                    Input::Copy(targets) => {
+                        // jaxlib's copy reads the array's buffers unchecked.
+                        check_live(h, leaf, j)?;
+                        let arrays = PyList::new(py, [leaf])?;
+                        let mut args = vec![arrays.into_any()];
+                        args.extend(targets.bind(py).iter());
+                        let copied = h.batched_copy.bind(py).call1(PyTuple::new(py, args)?)?;
+                        inputs.push(copied.get_item(0)?);
                     }
                     Input::Move(sharding) => {
                         check_live(h, leaf, j)?;

@@ -22,6 +22,10 @@ pub struct Handles {
     /// The data and meta fields of a registered dataclass type, or None.
     pub dataclass_fields: Py<PyAny>,
     pub shard_arg: Py<PyAny>,
+    /// For an array on one device that an executable takes on another: the arguments of
+    /// `batched_copy` after the array, or None (see `fastpjit._jax.single_device_copy`).
+    pub single_device_copy: Py<PyAny>,
+    pub batched_copy: Py<PyAny>,
     /// Whether an array on one sharding is an executable input on another as it is.
     pub passes_as_is: Py<PyAny>,
     /// `ExecuteResults.consume_with_handlers`, unbound.
@@ -84,6 +88,8 @@ fn fetch(py: Python<'_>) -> PyResult<Handles> {
         flatten_one_level: get(jax, "flatten_one_level_for_dispatch")?,
         dataclass_fields: get(jax, "dataclass_fields")?,
         shard_arg: get(jax, "shard_arg")?,
+        single_device_copy: get(jax, "single_device_copy")?,
+        batched_copy: get(jax, "batched_copy")?,
         passes_as_is: get(jax, "passes_as_is")?,
         consume_with_handlers: get(jax, "consume_with_handlers")?,
         collect_garbage: get(jax, "collect_garbage")?,
