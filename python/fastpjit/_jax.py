@@ -56,10 +56,10 @@ DuplicateSpecError = _named_sharding.DuplicateSpecError
 __all__ = [
     "aot_cache_miss",
     "api_boundary",
-    "batched_copy",
     "array_aval",
     "array_committed",
     "ARRAY_HOST_VALUE",
+    "batched_copy",
     "array_is_deleted",
     "array_rewrap",
     "array_sharding",

@@ -1,7 +1,8 @@
 //! A cached executable, and how each argument of a call that hits it becomes an input: an
-//! array on the executable's input sharding passes as it is, an array on another single
-//! device is copied by jaxlib, an array elsewhere is moved by JAX, and a host value (a scalar, a numpy array) comes from a device copy of the same bytes
-//! kept from an earlier call, or else is placed by the Rust shard path.
+//! array on the executable's input sharding passes as it is, an array on another single device
+//! is copied by jaxlib, an array elsewhere is moved by JAX, and a host value (a scalar, a
+//! numpy array) comes from a device copy of the same bytes kept from an earlier call, or else
+//! is placed by the Rust shard path.
 
 use std::sync::{Mutex, PoisonError};
 
@@ -133,13 +134,14 @@ impl Entry {
                 LeafKey::Array { sharding: own, .. } => {
                     let passes: bool =
                         h.passes_as_is.bind(py).call1((own, &sharding))?.extract()?;
-                    let copy = h.single_device_copy.bind(py).call1((own, &sharding))?;
                     if passes {
                         Input::Pass
-                    } else if copy.is_none() {
-                        Input::Move(sharding)
                     } else {
-                        Input::Copy(copy.cast_into::<PyTuple>()?.unbind())
+                        let copy = h.single_device_copy.bind(py).call1((own, &sharding))?;
+                        match copy.cast_into::<PyTuple>() {
+                            Ok(targets) => Input::Copy(targets.unbind()),
+                            Err(_) => Input::Move(sharding),
+                        }
                     }
                 }
                 LeafKey::Host { .. } | LeafKey::Scalar(_) => Input::Host(HostArg {
