@@ -59,7 +59,7 @@ __all__ = [
     "array_aval",
     "array_committed",
     "ARRAY_HOST_VALUE",
-    "batched_copy",
+    "array_input",
     "array_is_deleted",
     "array_rewrap",
     "array_sharding",
@@ -68,6 +68,7 @@ __all__ = [
     "array_was_donated",
     "ArrayImpl",
     "backend_compiles",
+    "batched_copy",
     "batched_device_put",
     "buffer_id",
     "canonical_dtype",
@@ -109,7 +110,6 @@ __all__ = [
     "LaunchedCluster",
     "legacy_pjit",
     "logical_device_ids",
-    "passes_as_is",
     "placement_sharding",
     "pmap_cache_miss",
     "post_hook_state",
@@ -117,7 +117,6 @@ __all__ = [
     "read_hlo_module",
     "result_handlers",
     "shard_arg",
-    "single_device_copy",
     "trace_context",
     "tracing",
     "TRANSFER_GUARD_ALLOW",
@@ -275,27 +274,25 @@ def array_was_donated(array: Any) -> bool:
     return True
 
 
-def passes_as_is(own: Any, target: Any) -> bool:
-    """Whether an array on sharding `own` is an input on sharding `target` as it is: the same
-    sharding, or (as JAX's dispatch has it) the same single device and memory."""
+def array_input(own: Any, target: Any) -> tuple[str, tuple[list[Any], ...] | None]:
+    """How an array on sharding `own` becomes an executable input on sharding `target`, as
+    JAX's dispatch has it: ("pass", None) as it is (the same sharding, or the same single
+    device and memory); ("copy", the arguments `batched_copy` takes after the list of arrays)
+    from one device to another single device, which JAX copies in C++; else ("move", None),
+    where JAX moves it (`shard_arg`)."""
     if own == target:
-        return True
+        return "pass", None
     if own.num_devices != 1 or target.num_devices != 1:
-        return False
+        return "move", None
     device, = own._device_assignment
     default = device.default_memory().kind if hasattr(device, "default_memory") else None
-    return (tuple(target._device_assignment) == (device,)
-            and (own.memory_kind or default) == (target.memory_kind or default))
-
-
-def single_device_copy(own: Any, target: Any) -> tuple[list[Any], list[Any], list[Any]] | None:
-    """Where an array on `own`, one device, becomes an input on `target`, another single
-    device, by a copy (JAX's dispatch copies it in C++): the arguments that `batched_copy`
-    takes after the list of arrays, for one array; else None."""
-    if own.num_devices != 1 or target.num_devices != 1 or not target.is_fully_addressable:
-        return None
-    return ([target._internal_device_list.addressable_device_list], [target],
-            [xc.ArrayCopySemantics.REUSE_INPUT])
+    if (tuple(target._device_assignment) == (device,)
+            and (own.memory_kind or default) == (target.memory_kind or default)):
+        return "pass", None
+    if not target.is_fully_addressable:
+        return "move", None
+    return "copy", ([target._internal_device_list.addressable_device_list], [target],
+                    [xc.ArrayCopySemantics.REUSE_INPUT])
 
 
 # jaxlib's copy of arrays to other devices; it applies the device-to-device transfer guard.

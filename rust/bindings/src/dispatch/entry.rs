@@ -32,8 +32,8 @@ enum Input {
     /// An array on the executable's input sharding.
     Pass,
     /// An array on another single device than the executable's one, copied there by jaxlib
-    /// (the arguments of `batched_copy` after the array).
-    Copy(Py<PyTuple>),
+    /// (the arguments of `batched_copy` after the list of arrays).
+    Copy(CopyTargets),
     /// An array elsewhere, which JAX moves to this sharding.
     Move(Py<PyAny>),
     /// A numpy array or a Python or numpy scalar.
@@ -45,6 +45,9 @@ enum Input {
     /// global array of this aval (its shape and dtype) and sharding.
     ProcessLocal(Py<PyAny>, Py<PyAny>),
 }
+
+/// The device lists, shardings and copy semantics that jaxlib's batched copy takes.
+type CopyTargets = (Py<PyAny>, Py<PyAny>, Py<PyAny>);
 
 /// A host argument, placed as planned, or taken from device copies of its recent values.
 struct HostArg {
@@ -132,16 +135,12 @@ impl Entry {
             }
             inputs.push(match key {
                 LeafKey::Array { sharding: own, .. } => {
-                    let passes: bool =
-                        h.passes_as_is.bind(py).call1((own, &sharding))?.extract()?;
-                    if passes {
-                        Input::Pass
-                    } else {
-                        let copy = h.single_device_copy.bind(py).call1((own, &sharding))?;
-                        match copy.cast_into::<PyTuple>() {
-                            Ok(targets) => Input::Copy(targets.unbind()),
-                            Err(_) => Input::Move(sharding),
-                        }
+                    let (how, copy): (String, Option<CopyTargets>) =
+                        h.array_input.bind(py).call1((own, &sharding))?.extract()?;
+                    match (how.as_str(), copy) {
+                        ("pass", _) => Input::Pass,
+                        ("copy", Some(targets)) => Input::Copy(targets),
+                        _ => Input::Move(sharding),
                     }
                 }
                 LeafKey::Host { .. } | LeafKey::Scalar(_) => Input::Host(HostArg {
@@ -219,13 +218,15 @@ impl Entry {
                         }
                         inputs.push(leaf.clone());
                     }
-                    Input::Copy(targets) => {
+                    Input::Copy((devices, shardings, semantics)) => {
                         // jaxlib's copy reads the array's buffers unchecked.
                         check_live(h, leaf, j)?;
-                        let arrays = PyList::new(py, [leaf])?;
-                        let mut args = vec![arrays.into_any()];
-                        args.extend(targets.bind(py).iter());
-                        let copied = h.batched_copy.bind(py).call1(PyTuple::new(py, args)?)?;
+                        let copied = h.batched_copy.bind(py).call1((
+                            PyList::new(py, [leaf])?,
+                            devices,
+                            shardings,
+                            semantics,
+                        ))?;
                         inputs.push(copied.get_item(0)?);
                     }
                     Input::Move(sharding) => {

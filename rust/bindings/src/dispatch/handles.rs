@@ -22,12 +22,10 @@ pub struct Handles {
     /// The data and meta fields of a registered dataclass type, or None.
     pub dataclass_fields: Py<PyAny>,
     pub shard_arg: Py<PyAny>,
-    /// For an array on one device that an executable takes on another: the arguments of
-    /// `batched_copy` after the array, or None (see `fastpjit._jax.single_device_copy`).
-    pub single_device_copy: Py<PyAny>,
+    /// How an array on one sharding becomes an executable input on another: as it is, copied
+    /// by `batched_copy` (with the arguments given), or moved by `shard_arg`.
+    pub array_input: Py<PyAny>,
     pub batched_copy: Py<PyAny>,
-    /// Whether an array on one sharding is an executable input on another as it is.
-    pub passes_as_is: Py<PyAny>,
     /// `ExecuteResults.consume_with_handlers`, unbound.
     pub consume_with_handlers: Py<PyAny>,
     /// jaxlib's `collect_garbage`, which drains the queue of Python objects it released, and
@@ -88,9 +86,8 @@ fn fetch(py: Python<'_>) -> PyResult<Handles> {
         flatten_one_level: get(jax, "flatten_one_level_for_dispatch")?,
         dataclass_fields: get(jax, "dataclass_fields")?,
         shard_arg: get(jax, "shard_arg")?,
-        single_device_copy: get(jax, "single_device_copy")?,
+        array_input: get(jax, "array_input")?,
         batched_copy: get(jax, "batched_copy")?,
-        passes_as_is: get(jax, "passes_as_is")?,
         consume_with_handlers: get(jax, "consume_with_handlers")?,
         collect_garbage: get(jax, "collect_garbage")?,
         executions: AtomicU32::new(0),
