@@ -6,7 +6,8 @@ committed or not, on one device or eight, weak-typed, None), and then calls them
 order: with the same objects again, with new ones, with numpy arrays changed in place, inside
 contexts that JAX's jit keys (default device, dtype promotion, x64, matmul precision, debug
 NaNs). Every call must give what JAX gives: the same outputs (tree, values, dtypes, weak types,
-shardings, commitment) or the same exception type. The sequences reach the dispatcher's
+shardings, commitment) or the same exception type. Some scenarios run on four threads at once,
+which share the function and pass each other's objects. The sequences reach the dispatcher's
 memories of earlier calls (remembered arrays, kept host values, the latest call's tree), which
 hand-written tests reach one at a time; one of them found that None, passed where a remembered
 array had died, passed for that array.
@@ -20,6 +21,7 @@ import collections
 import contextlib
 import pickle
 import random
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -29,7 +31,7 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
-from test_jit import assert_same_outputs, fresh
+from test_jit import assert_same_outputs, fresh, run_in_threads
 
 import fastpjit
 
@@ -99,7 +101,7 @@ def _contexts(rng: random.Random) -> Callable[[], Any]:
         contextlib.nullcontext, contextlib.nullcontext, contextlib.nullcontext,
         lambda: jax.default_device(DEVICES[2]),
         lambda: jax.numpy_dtype_promotion("strict"),
-        lambda: jax.experimental.enable_x64(),
+        lambda: jax.enable_x64(True),
         lambda: jax.default_matmul_precision("float32"),
         lambda: jax.debug_nans(True),
     ])
@@ -124,7 +126,7 @@ def _outcome(f: Any, args: list[Any], kwargs: dict[str, Any], context: Any) -> A
         return err
 
 
-def _scenario(seed: int, steps: int) -> None:
+def _scenario(seed: int, steps: int, threads: int = 1) -> None:
     rng = random.Random(seed)
     kind = rng.choice(["jit", "jit static", "jit donate", "pmap"])
     options: dict[str, Any] = {
@@ -156,36 +158,59 @@ def _scenario(seed: int, steps: int) -> None:
         kept = kind != "jit donate" and rng.random() < 0.5
         shapes.append((seeds, named, keyword, kept, _contexts(rng)))
     objects: dict[tuple[int, int, str], Any] = {}
-    for step in range(steps):
-        seeds, named, keyword, kept, context = rng.choice(shapes)
-        new = [rng.random() < 0.3 for _ in seeds]
-        calls = {}
-        for side in ("ours", "theirs"):
-            args = []
-            for position, (value_seed, fresh_value) in enumerate(zip(seeds, new, strict=True)):
-                if kept:
-                    key = (value_seed, position, side)
-                    if key not in objects:
-                        objects[key] = make(value_seed, position)
-                    args.append(objects[key])
-                else:
-                    args.append(make(value_seed + step * fresh_value, position))
-            kwargs = dict(named)
-            if keyword and len(args) > 1 and len(args) - 1 not in statics:
-                kwargs["y"] = args.pop()
-            calls[side] = (args, kwargs)
-        if kept and rng.random() < 0.3:
-            changes = rng.randrange(10**9)
-            for args, _ in calls.values():
-                _change_in_place(random.Random(changes), args)
-        mine = _outcome(ours, *calls["ours"], context)
-        expected = _outcome(theirs, *calls["theirs"], context)
-        where = f"seed {seed}, step {step}, {kind} {options}"
-        if isinstance(expected, Exception):
-            assert isinstance(mine, type(expected)), f"{where}: {mine!r} != {expected!r}"
-        else:
-            assert not isinstance(mine, Exception), f"{where}: {mine!r}"
-            assert_same_outputs(mine, expected)
+    objects_lock = threading.Lock()
+
+    def calls_on(thread: int) -> None:
+        thread_rng = rng if threads == 1 else random.Random(seed * 100 + thread)
+        for step in range(steps):
+            seeds, named, keyword, kept, context = thread_rng.choice(shapes)
+            new = [thread_rng.random() < 0.3 for _ in seeds]
+            calls = {}
+            for side in ("ours", "theirs"):
+                args = []
+                for position, (value_seed, fresh_value) in enumerate(zip(seeds, new,
+                                                                         strict=True)):
+                    if kept:
+                        key = (value_seed, position, side)
+                        with objects_lock:
+                            if key not in objects:
+                                objects[key] = make(value_seed, position)
+                            args.append(objects[key])
+                    else:
+                        args.append(make(value_seed + (step * threads + thread) * fresh_value,
+                                         position))
+                kwargs = dict(named)
+                if keyword and len(args) > 1 and len(args) - 1 not in statics:
+                    kwargs["y"] = args.pop()
+                calls[side] = (args, kwargs)
+            # Arrays that other threads share are left alone.
+            if threads == 1 and kept and thread_rng.random() < 0.3:
+                changes = thread_rng.randrange(10**9)
+                for args, _ in calls.values():
+                    _change_in_place(random.Random(changes), args)
+            mine = _outcome(ours, *calls["ours"], context)
+            expected = _outcome(theirs, *calls["theirs"], context)
+            where = f"seed {seed}, thread {thread}, step {step}, {kind} {options}"
+            if not isinstance(expected, Exception) and _swapped(calls["theirs"]):
+                # jax.jit's C++ cache misreads a non-native byte order (see
+                # test_an_array_of_another_byte_order_fails_like_jax_after_a_native_one_was_
+                # cached); its traced calls raise TypeError, as fastpjit's do.
+                assert isinstance(mine, TypeError), f"{where}: {mine!r}"
+            elif isinstance(expected, Exception):
+                assert isinstance(mine, type(expected)), f"{where}: {mine!r} != {expected!r}"
+            else:
+                assert not isinstance(mine, Exception), f"{where}: {mine!r}"
+                assert_same_outputs(mine, expected)
+
+    if threads == 1:
+        calls_on(0)
+    else:
+        run_in_threads(calls_on, threads, timeout=120)
+
+
+def _swapped(call: tuple[list[Any], dict[str, Any]]) -> bool:
+    return any(isinstance(leaf, np.ndarray) and not leaf.dtype.isnative
+               for leaf in jax.tree.leaves(call))
 
 
 def _change_in_place(rng: random.Random, tree: Any) -> None:
@@ -200,3 +225,12 @@ def _change_in_place(rng: random.Random, tree: Any) -> None:
 def test_random_call_sequences_match_jax(first):
     for seed in range(first, first + 8):
         _scenario(seed, steps=40)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("first", range(0, 16, 8))
+def test_random_call_sequences_on_four_threads_match_jax(first):
+    # The threads share one function, its cache and its memories of earlier calls, and pass
+    # each other's arrays; contexts such as jax.enable_x64 hold per thread, in JAX and here.
+    for seed in range(first, first + 8):
+        _scenario(seed, steps=20, threads=4)

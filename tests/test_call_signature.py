@@ -691,6 +691,21 @@ def test_a_masked_array_fails_like_jax_after_a_plain_array_was_cached():
     assert str(got.value) == str(expected.value)
 
 
+@pytest.mark.parametrize("kind", ["jit", "pmap"])
+def test_an_array_of_another_byte_order_fails_like_jax_after_a_native_one_was_cached(kind):
+    # JAX refuses a big-endian numpy array when it traces a call; jax.jit's C++ cache then
+    # takes one as the native array it was cached for and reads its bytes in native order
+    # (zeros for 1.0, 2.0, 3.0). fastpjit keys the byte order and refuses it every time.
+    wrap, oracle = {"jit": (fastpjit.jit, jax.jit), "pmap": (fastpjit.pmap, jax.pmap)}[kind]
+    ours = wrap(lambda a: a * 2)
+    native = np.arange(8, dtype="<f4")
+    swapped = np.arange(1, 9, dtype=">f4")
+    np.testing.assert_array_equal(np.asarray(ours(native)), native * 2)
+    for _ in range(2):
+        assert_same_error(ours, oracle(lambda a: a * 2), swapped)
+    np.testing.assert_array_equal(np.asarray(ours(native)), native * 2)
+
+
 # --- pytree nodes that are not builtin containers --------------------------------------------
 
 
