@@ -747,6 +747,33 @@ def test_transfer_guard_applies_to_host_arguments():
         check_calls(ours, theirs, *placed, repeats=2)
 
 
+_ONE_DEVICE_MESH = NamedSharding(jax.make_mesh((1,), ("x",), devices=DEVICES[:1]), P())
+_REVERSED_ROWS = NamedSharding(jax.make_mesh((8,), ("x",), devices=DEVICES[::-1]), P("x"))
+_AUTO_COLUMNS = NamedSharding(mesh_of((2, 4), AxisType.Auto), P(None, "y"))
+
+
+@pytest.mark.parametrize(("target", "value"), [
+    (None, np.ones((8, 4), np.float32)),
+    (None, 2.5),
+    (_ONE_DEVICE_MESH, np.ones((8, 4), np.float32)),
+    (_ONE_DEVICE_MESH, 2.5),
+    (_REVERSED_ROWS, np.ones((8, 4), np.float32)),
+    (_AUTO_COLUMNS, np.ones((8, 4), np.float32)),
+    (REPLICATED_8, 2.5),
+], ids=["default", "default, scalar", "one-device mesh", "one-device mesh, scalar",
+        "explicit mesh, devices reversed", "auto mesh", "replicated, scalar"])
+def test_host_arguments_are_placed_and_guarded_like_jax_s(target, value):
+    # fastpjit places host arguments on an equivalent sharding that jaxlib reads without
+    # Python; under the transfer guard, the transfer it refuses is named as JAX names it.
+    options = {} if target is None else {"in_shardings": target}
+    ours, theirs = both(lambda a: a * 2 + 1, **options)
+    check_calls(ours, theirs, value, repeats=2)
+    check_calls(ours, theirs, np.arange(32, dtype=np.float32).reshape(8, 4)
+                if np.shape(value) else 4.5)
+    with jax.transfer_guard("disallow"):
+        assert_same_error(ours, theirs, value + 1)
+
+
 def test_arguments_that_are_not_arrays_fail_like_jax():
     ours, theirs = both(lambda x: x)
     assert_same_error(ours, theirs, "text")

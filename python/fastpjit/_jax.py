@@ -152,14 +152,16 @@ HOST_BUFFER_ZERO_COPY = xc.HostBufferSemantics.ZERO_COPY
 HOST_BUFFER_COPY = xc.HostBufferSemantics.IMMUTABLE_ONLY_DURING_CALL
 
 
-def placement_sharding(sharding: Any) -> Any:
-    """A sharding that lays arrays out as `sharding` does and that jaxlib reads without running
-    Python: a SingleDeviceSharding where it has one device (GSPMD shardings and NamedShardings
-    give jaxlib their layout through Python methods, on every transfer)."""
-    if sharding.num_devices != 1 or isinstance(sharding, jax.sharding.SingleDeviceSharding):
+def placement_sharding(sharding: Any, ndim: int) -> Any:
+    """The sharding on which the dispatcher places a host argument of `ndim` dimensions bound for
+    `sharding`, an executable's input sharding: a GSPMDSharding of the same devices, layout and
+    memory kind, which jaxlib reads in C++ (it asks a SingleDeviceSharding or a NamedSharding
+    for its layout in Python, on every transfer). Arrays placed on it are inputs of the
+    executable only, never handed to the caller."""
+    if not isinstance(sharding, jax.sharding.SingleDeviceSharding | jax.sharding.NamedSharding):
         return sharding
-    (device,) = sharding._device_assignment
-    return jax.sharding.SingleDeviceSharding(device, memory_kind=sharding.memory_kind)
+    return GSPMDSharding(sharding._device_assignment, sharding._to_xla_hlo_sharding(ndim),
+                         memory_kind=sharding.memory_kind)
 
 
 def device_put_aval(shape: tuple[int, ...], dtype: np.dtype, weak_type: bool, sharding: Any) -> Any:

@@ -408,9 +408,10 @@ fn place<'py>(
 /// placed on every call: planned once, from the call that missed, for the dtype, shape and
 /// kind of value that the cache entry's signature fixes.
 pub struct HostInput {
-    /// The sharding the value is laid out on: the executable's input sharding, or where that
-    /// has one device, a `SingleDeviceSharding` of it, which jaxlib reads without Python.
-    sharding: Py<PyAny>,
+    /// The executable's input sharding, and the same layout as jaxlib reads it fastest (see
+    /// `placement_sharding`), on which the value is placed unless the transfer guard watches.
+    target: Py<PyAny>,
+    placement: Py<PyAny>,
     plan: Arc<PutPlan>,
     dtype: Py<PyAny>,
     weak_type: bool,
@@ -433,9 +434,10 @@ impl HostInput {
         let py = leaf.py();
         let h = handles(py)?;
         let value = host_value(leaf)?;
-        let sharding = h.placement_sharding.bind(py).call1((target,))?;
         let shape = value.array.cast::<PyUntypedArray>()?.shape().to_vec();
-        let plan = put_plan(&sharding, &shape, &value.dtype, value.weak_type)?;
+        let placement = h.placement_sharding.bind(py).call1((target, shape.len()))?;
+        // Planned on the placement, whose aval, as JAX's for an argument, has no mesh axes.
+        let plan = put_plan(&placement, &shape, &value.dtype, value.weak_type)?;
         let source = if leaf.is_instance_of::<PyInt>()
             || leaf.is_instance_of::<PyFloat>()
             || leaf.is_instance_of::<PyComplex>()
@@ -449,7 +451,8 @@ impl HostInput {
             HostSource::Converted
         };
         Ok(Self {
-            sharding: sharding.unbind(),
+            target: target.clone().unbind(),
+            placement: placement.unbind(),
             plan,
             dtype: value.dtype.unbind(),
             weak_type: value.weak_type,
@@ -459,6 +462,20 @@ impl HostInput {
 
     /// Places `leaf`, a value of the kind this input was planned for.
     pub fn place<'py>(&self, leaf: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        self.place_on(leaf, self.placement.bind(leaf.py()))
+    }
+
+    /// Places `leaf` on the executable's input sharding itself, which the transfer guard
+    /// names when it logs or refuses the transfer, as it does for JAX's.
+    pub fn place_guarded<'py>(&self, leaf: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        self.place_on(leaf, self.target.bind(leaf.py()))
+    }
+
+    fn place_on<'py>(
+        &self,
+        leaf: &Bound<'py, PyAny>,
+        sharding: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let py = leaf.py();
         let h = handles(py)?;
         let dtype = self.dtype.bind(py);
@@ -477,7 +494,7 @@ impl HostInput {
             dtype: dtype.clone(),
             weak_type: self.weak_type,
         };
-        put(&value, self.sharding.bind(py), &self.plan, false)
+        put(&value, sharding, &self.plan, false)
     }
 }
 

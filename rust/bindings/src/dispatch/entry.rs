@@ -399,8 +399,9 @@ fn check_live(h: &Handles, array: &Bound<'_, PyAny>, position: usize) -> PyResul
 
 impl HostArg {
     /// The host value `leaf` on the input's sharding: a kept device copy of the same bytes if
-    /// there is one (and the transfer guard does not watch implicit transfers), else placed
-    /// now, and kept if the value was seen among the latest.
+    /// there is one, else placed now, and kept if the value was seen among the latest. Where
+    /// the transfer guard watches host-to-device transfers, it is placed as JAX places it, so
+    /// that the guard sees the transfer as JAX's.
     fn place<'py>(
         &self,
         h: &Handles,
@@ -408,6 +409,9 @@ impl HostArg {
         key: &LiveLeaf<'py>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let py = leaf.py();
+        if h.host_transfers_guarded(py)? {
+            return self.host.place_guarded(leaf);
+        }
         let kept_and_bytes = self
             .kept
             .as_ref()
@@ -421,9 +425,6 @@ impl HostArg {
         let admitted = match copy {
             Some(copy) => {
                 let copy = copy.into_bound(py);
-                if h.host_transfers_guarded(py)? {
-                    return self.host.place(leaf);
-                }
                 // `jax.live_arrays()` can reach it and delete it; then it is placed anew.
                 if !is_deleted(h, &copy)? {
                     return Ok(copy);
