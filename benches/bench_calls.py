@@ -333,9 +333,9 @@ def _new_host_arrays(d: int) -> Sides:
     return _new_batches(add, [((x, np.full(SHAPE, i, np.float32)), {}) for i in range(64)])
 
 
-def _new_batches(fun: Any, calls: Calls) -> Sides:
-    ours, theirs = fastpjit.jit(fun), jax.jit(fresh(fun))
-    miss = _jax.jit_cache_miss(jax.jit(fresh(fun)), *calls[0])
+def _new_batches(fun: Any, calls: Calls, **options: Any) -> Sides:
+    ours, theirs = fastpjit.jit(fun, **options), jax.jit(fresh(fun), **options)
+    miss = _jax.jit_cache_miss(jax.jit(fresh(fun), **options), *calls[0])
     run = runner(miss.fast_path)
     placed = [placed_inputs(miss.fast_path, list(args)) for args, _ in calls]
     floors = [lambda p=p: run(p) for p in placed]
@@ -394,13 +394,18 @@ def _build_cases() -> list[Case]:
         cases.append(_case("f(new array) on every call", lambda d=d: _new_arrays(d), "jit", d))
         cases.append(_case("f(x, new numpy array) on every call",
                            lambda d=d: _new_host_arrays(d), "jit", d))
-    # An uncommitted array on device 0, and in_shardings on device 1: on every call, JAX's
-    # dispatch copies it there in C++, and so does fastpjit's. (Onto 8 devices, JAX's Python
-    # moves it, on either side, and fastpjit counts a fallback.)
+    # An uncommitted array on device 0, and in_shardings on device 1: JAX's dispatch copies it
+    # there in C++ on every call; fastpjit copies it with jaxlib, and uses the copy again when
+    # the same array comes again. (Onto 8 devices, JAX's Python moves it, on either side, and
+    # fastpjit counts a fallback.)
+    on_device_1 = {"in_shardings": jax.sharding.SingleDeviceSharding(jax.devices()[1])}
     cases.append(_case("f(x) with in_shardings, x uncommitted on another device",
-                       lambda: _sides("jit", plus_one, [((_array(0),), {})],
-                                      in_shardings=jax.sharding.SingleDeviceSharding(
-                                          jax.devices()[1])), "jit", 1))
+                       lambda: _sides("jit", plus_one, [((_array(0),), {})], **on_device_1),
+                       "jit", 1))
+    cases.append(_case("f(x) with in_shardings, a new x uncommitted on another device",
+                       lambda: _new_batches(plus_one, [((_array(0, offset=i),), {})
+                                                       for i in range(64)], **on_device_1),
+                       "jit", 1))
     for d in (1, 8):
         for name in _pmap_patterns():
             cases.append(_case(name, lambda d=d, n=name: _pattern_row("pmap", n, d), "pmap", d))

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.errors import JaxRuntimeError
 from jax.sharding import AxisType, NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
 
@@ -883,6 +884,48 @@ def test_an_uncommitted_array_on_another_device_is_copied_on_the_fast_path(targe
             assert out.devices() == {device}
     assert fallbacks("moved") == before
     np.testing.assert_array_equal(x, np.arange(3.0))
+
+
+def _arrays_on(device: Any) -> int:
+    return sum(device in a.devices() for a in jax.live_arrays())
+
+
+@pytest.mark.parametrize("donate", [False, True], ids=["kept", "donated"])
+def test_the_copy_of_an_array_passed_again_is_reused_while_it_lives(donate):
+    # jax.Arrays never change: the copy made for one call serves the next with the same array,
+    # unless the executable consumes it; a deleted array still raises JAX's error, and a copy
+    # is let go when another array is copied.
+    device = DEVICES[6]
+    options = {"donate_argnums": (0,)} if donate else {}
+    ours, theirs = both(lambda a: a * 2, in_shardings=SingleDeviceSharding(device), **options)
+    x, y = jnp.arange(4.0), jnp.arange(4.0) + 1
+    for arg in (x, x, y):
+        check_calls(ours, theirs, arg, repeats=2)
+    ours(jnp.zeros(4))  # a new array: no copy is kept
+    copies = _arrays_on(device)
+    outs = [ours(x) for _ in range(4)]
+    assert _arrays_on(device) == copies + 4 + (0 if donate else 1)
+    del outs
+    ours(y)
+    assert _arrays_on(device) == copies
+    x.delete()
+    assert_same_error(ours, theirs, x)
+    np.testing.assert_array_equal(ours(y), np.arange(4.0) * 2 + 2)
+
+
+def test_a_kept_copy_is_not_reused_under_the_device_to_device_guard():
+    # fastpjit's copy applies the transfer guard on every call, as JAX's first call does.
+    device = DEVICES[6]
+    ours = fastpjit.jit(lambda a: a * 2, in_shardings=SingleDeviceSharding(device))
+    x = jnp.arange(4.0)
+    for _ in range(3):
+        ours(x)
+    with jax.transfer_guard_device_to_device("disallow"):
+        with pytest.raises(JaxRuntimeError, match="Disallowed device-to-device transfer"):
+            jax.jit(lambda a: a * 2, in_shardings=SingleDeviceSharding(device))(x)
+        with pytest.raises(JaxRuntimeError, match="Disallowed device-to-device transfer"):
+            ours(x)
+    np.testing.assert_array_equal(ours(x), np.arange(4.0) * 2)
 
 
 def test_disable_jit_runs_the_function_in_python():

@@ -1,8 +1,8 @@
 //! A cached executable, and how each argument of a call that hits it becomes an input: an
 //! array on the executable's input sharding passes as it is, an array on another single device
-//! is copied by jaxlib, an array elsewhere is moved by JAX, and a host value (a scalar, a
-//! numpy array) comes from a device copy of the same bytes kept from an earlier call, or else
-//! is placed by the Rust shard path.
+//! is copied by jaxlib (or its copy from the call before is used again), an array elsewhere is
+//! moved by JAX, and a host value (a scalar, a numpy array) comes from a device copy of the
+//! same bytes kept from an earlier call, or else is placed by the Rust shard path.
 
 use std::sync::{Mutex, PoisonError};
 
@@ -13,7 +13,7 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::gc::PyVisit;
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyComplex, PyFloat, PyInt, PyList, PyTuple};
+use pyo3::types::{PyBool, PyComplex, PyFloat, PyInt, PyList, PyTuple, PyWeakrefReference};
 use pyo3::PyTraverseError;
 
 use super::handles::Handles;
@@ -31,9 +31,8 @@ enum Input {
     Dropped,
     /// An array on the executable's input sharding.
     Pass,
-    /// An array on another single device than the executable's one, copied there by jaxlib
-    /// (the arguments of `batched_copy` after the list of arrays).
-    Copy(CopyTargets),
+    /// An array on another single device than the executable's one, copied there by jaxlib.
+    Copy(CopyInput),
     /// An array elsewhere, which JAX moves to this sharding.
     Move(Py<PyAny>),
     /// A numpy array or a Python or numpy scalar.
@@ -48,6 +47,30 @@ enum Input {
 
 /// The device lists, shardings and copy semantics that jaxlib's batched copy takes.
 type CopyTargets = (Py<PyAny>, Py<PyAny>, Py<PyAny>);
+
+/// An array argument that jaxlib copies to the executable's device, with the copy of the
+/// latest array passed again (see `CopiedArray`).
+struct CopyInput {
+    targets: CopyTargets,
+    /// None for a donated argument, whose copy the executable consumes, and for large arrays.
+    latest: Option<Mutex<CopiedArray>>,
+}
+
+/// The latest array copied for an argument. A jax.Array never changes, so an array passed
+/// again takes its copy from the call before, as long as it lives. The copy is kept from the
+/// second call in a row with an array at one address, so that calls with a new array every
+/// time make no weak references; it is released when another array is copied.
+#[derive(Default)]
+enum CopiedArray {
+    #[default]
+    Nothing,
+    At(usize),
+    Kept(Py<PyWeakrefReference>, Py<PyAny>),
+}
+
+/// The largest array whose latest copy is kept: the copy is held until another array is
+/// copied, and the time that keeping saves (about 4 µs) matters for small arrays only.
+const KEPT_COPY_BYTES: usize = 1 << 20;
 
 /// A host argument, placed as planned, or taken from device copies of its recent values.
 struct HostArg {
@@ -139,7 +162,15 @@ impl Entry {
                         h.array_input.bind(py).call1((own, &sharding))?.extract()?;
                     match (how.as_str(), copy) {
                         ("pass", _) => Input::Pass,
-                        ("copy", Some(targets)) => Input::Copy(targets),
+                        ("copy", Some(targets)) => {
+                            let nbytes: usize =
+                                leaves[j].getattr(intern!(py, "nbytes"))?.extract()?;
+                            Input::Copy(CopyInput {
+                                targets,
+                                latest: (!fast.donated[j] && nbytes <= KEPT_COPY_BYTES)
+                                    .then(Mutex::default),
+                            })
+                        }
                         _ => Input::Move(sharding),
                     }
                 }
@@ -218,16 +249,10 @@ impl Entry {
                         }
                         inputs.push(leaf.clone());
                     }
-                    Input::Copy((devices, shardings, semantics)) => {
+                    Input::Copy(copy) => {
                         // jaxlib's copy reads the array's buffers unchecked.
                         check_live(h, leaf, j)?;
-                        let copied = h.batched_copy.bind(py).call1((
-                            PyList::new(py, [leaf])?,
-                            devices,
-                            shardings,
-                            semantics,
-                        ))?;
-                        inputs.push(copied.get_item(0)?);
+                        inputs.push(copy.copied(h, leaf)?);
                     }
                     Input::Move(sharding) => {
                         check_live(h, leaf, j)?;
@@ -395,6 +420,63 @@ fn check_live(h: &Handles, array: &Bound<'_, PyAny>, position: usize) -> PyResul
         "Invalid buffer passed as argument {position} (flattened): the array of shape={shape} \
          was donated to an earlier computation, so its buffer has been deleted or donated."
     )))
+}
+
+impl CopyInput {
+    /// `array`, a live array, on the executable's device: the copy kept of it if there is one
+    /// (and the transfer guard does not watch device-to-device transfers), else copied now.
+    fn copied<'py>(&self, h: &Handles, array: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        let py = array.py();
+        let Some(latest) = &self.latest else {
+            return self.copy(h, array);
+        };
+        let lock = || latest.lock().unwrap_or_else(PoisonError::into_inner);
+        let address = array.as_ptr() as usize;
+        let (kept, seen_here) = match &*lock() {
+            // SAFETY: `source` is a live weak reference, held here. Its referent's address is
+            // read and compared, never followed: CPython sets it to None when the referent
+            // dies, and `array`, which the call holds, is alive and not None.
+            CopiedArray::Kept(source, copy) => unsafe {
+                let referent = (*source.as_ptr().cast::<pyo3::ffi::PyWeakReference>()).wr_object;
+                (
+                    (referent == array.as_ptr()).then(|| copy.clone_ref(py)),
+                    false,
+                )
+            },
+            CopiedArray::At(seen) => (None, *seen == address),
+            CopiedArray::Nothing => (None, false),
+        };
+        if let Some(copy) = kept {
+            let copy = copy.into_bound(py);
+            // `jax.live_arrays()` can reach the copy and delete it; then it is copied anew.
+            if !h.transfers_guarded(intern!(py, "device_to_device"))? && !is_deleted(h, &copy)? {
+                return Ok(copy);
+            }
+        }
+        let copy = self.copy(h, array)?;
+        let now = if seen_here {
+            CopiedArray::Kept(
+                PyWeakrefReference::new(array)?.unbind(),
+                copy.clone().unbind(),
+            )
+        } else {
+            CopiedArray::At(address)
+        };
+        // The copy no longer kept is released after the lock: freeing a jax.Array releases
+        // the GIL, and a thread that takes it may be waiting for this lock.
+        let released = std::mem::replace(&mut *lock(), now);
+        drop(released);
+        Ok(copy)
+    }
+
+    fn copy<'py>(&self, h: &Handles, array: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        let py = array.py();
+        let (devices, shardings, semantics) = &self.targets;
+        h.batched_copy
+            .bind(py)
+            .call1((PyList::new(py, [array])?, devices, shardings, semantics))?
+            .get_item(0)
+    }
 }
 
 impl HostArg {
