@@ -17,7 +17,7 @@ use pyo3::types::{PyBool, PyComplex, PyFloat, PyInt, PyList, PyTuple, PyWeakrefR
 use pyo3::PyTraverseError;
 
 use super::handles::Handles;
-use super::leaf::{LiveLeaf, ScalarKind};
+use super::leaf::{refers_to, LiveLeaf, ScalarKind};
 use super::miss::{Conversion, FastPath};
 use super::signature::{CallSignature, LeafKey, LiveCall};
 use super::tree::Tree;
@@ -433,16 +433,10 @@ impl CopyInput {
         let lock = || latest.lock().unwrap_or_else(PoisonError::into_inner);
         let address = array.as_ptr() as usize;
         let (kept, seen_here) = match &*lock() {
-            // SAFETY: `source` is a live weak reference, held here. Its referent's address is
-            // read and compared, never followed: CPython sets it to None when the referent
-            // dies, and `array`, which the call holds, is alive and not None.
-            CopiedArray::Kept(source, copy) => unsafe {
-                let referent = (*source.as_ptr().cast::<pyo3::ffi::PyWeakReference>()).wr_object;
-                (
-                    (referent == array.as_ptr()).then(|| copy.clone_ref(py)),
-                    false,
-                )
-            },
+            // The call holds `array`, a jax.Array: alive and not None.
+            CopiedArray::Kept(source, copy) => {
+                (refers_to(source, array).then(|| copy.clone_ref(py)), false)
+            }
             CopiedArray::At(seen) => (None, *seen == address),
             CopiedArray::Nothing => (None, false),
         };

@@ -218,18 +218,13 @@ impl SeenArrays {
         position: usize,
         leaf: &Bound<'py, PyAny>,
     ) -> Option<LiveLeaf<'py>> {
-        // A dead weak reference's referent is None (below), which a live array never is.
+        // A dead weak reference's referent is None, which a live array never is.
         if leaf.is_none() {
             return None;
         }
         let pair = self.slots.get_mut(position)?;
         let i = pair.iter().position(|seen| match seen {
-            // SAFETY: `array` is a live weak reference, held here. Its referent's address is
-            // read and compared, never followed: CPython sets it to None when the referent
-            // dies, and `leaf`, which the call holds, is alive and not None.
-            Seen::Held { array, .. } => unsafe {
-                (*array.as_ptr().cast::<pyo3::ffi::PyWeakReference>()).wr_object == leaf.as_ptr()
-            },
+            Seen::Held { array, .. } => refers_to(array, leaf),
             _ => false,
         })?;
         if i != 0 {
@@ -348,6 +343,15 @@ impl SeenArrays {
         }
         Ok(())
     }
+}
+
+/// Whether `weak` refers to `object`, which is alive and not None. The referent's address is
+/// read and compared, never followed: the interpreter sets it to None when the referent dies.
+#[inline]
+pub fn refers_to(weak: &Py<PyWeakrefReference>, object: &Bound<'_, PyAny>) -> bool {
+    // SAFETY: `weak` is a live weak reference, held by the caller; only its referent's
+    // address is read.
+    unsafe { (*weak.as_ptr().cast::<pyo3::ffi::PyWeakReference>()).wr_object == object.as_ptr() }
 }
 
 /// The kind of a Python scalar of an exact builtin type (subclasses, such as enums, are left
