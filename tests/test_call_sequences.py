@@ -3,14 +3,14 @@
 Each scenario jits (or pmaps) one function with random options, draws a few call shapes (trees
 of Python and numpy scalars, numpy arrays of several dtypes, layouts and origins, jax.Arrays
 committed or not, on one device or eight, weak-typed, None), and then calls them in a random
-order: with the same objects again, with new ones, with numpy arrays changed in place, inside
-contexts that JAX's jit keys (default device, dtype promotion, x64, matmul precision, debug
-NaNs). Every call must give what JAX gives: the same outputs (tree, values, dtypes, weak types,
-shardings, commitment) or the same exception type. Some scenarios run on four threads at once,
-which share the function and pass each other's objects. The sequences reach the dispatcher's
-memories of earlier calls (remembered arrays, kept host values, the latest call's tree), which
-hand-written tests reach one at a time; one of them found that None, passed where a remembered
-array had died, passed for that array.
+order: with the same objects again, with new ones, with numpy arrays changed in place or
+jax.Arrays deleted, inside contexts that JAX's jit keys (default device, dtype promotion, x64,
+matmul precision, debug NaNs). Every call must give what JAX gives: the same outputs (tree,
+values, dtypes, weak types, shardings, commitment) or the same exception type. Some scenarios
+run on four threads at once, which share the function and pass each other's objects. The
+sequences reach the dispatcher's memories of earlier calls (remembered arrays, kept host
+values and copies, the latest call's tree), which hand-written tests reach one at a time; one
+of them found that None, passed where a remembered array had died, passed for that array.
 
 The seeds are fixed, so that a failure names its scenario and step.
 """
@@ -186,8 +186,10 @@ def _scenario(seed: int, steps: int, threads: int = 1) -> None:
             # Arrays that other threads share are left alone.
             if threads == 1 and kept and thread_rng.random() < 0.3:
                 changes = thread_rng.randrange(10**9)
-                for args, _ in calls.values():
-                    _change_in_place(random.Random(changes), args)
+                for args, kwargs in calls.values():
+                    _change_in_place(random.Random(changes), (args, kwargs))
+                    if changes % 8 == 0:  # and now and then, the jax.Arrays are deleted
+                        _delete_arrays((args, kwargs))
             mine = _outcome(ours, *calls["ours"], context)
             expected = _outcome(theirs, *calls["theirs"], context)
             where = f"seed {seed}, thread {thread}, step {step}, {kind} {options}"
@@ -211,6 +213,12 @@ def _scenario(seed: int, steps: int, threads: int = 1) -> None:
 def _swapped(call: tuple[list[Any], dict[str, Any]]) -> bool:
     return any(isinstance(leaf, np.ndarray) and not leaf.dtype.isnative
                for leaf in jax.tree.leaves(call))
+
+
+def _delete_arrays(tree: Any) -> None:
+    for leaf in jax.tree.leaves(tree):
+        if isinstance(leaf, jax.Array) and not leaf.is_deleted():
+            leaf.delete()
 
 
 def _change_in_place(rng: random.Random, tree: Any) -> None:
