@@ -775,6 +775,16 @@ def test_host_arguments_are_placed_and_guarded_like_jax_s(target, value):
         assert_same_error(ours, theirs, value + 1)
 
 
+def test_host_arguments_placed_under_a_logging_guard_match_jax():
+    # While the guard watches, host arguments are placed on the input sharding itself.
+    target = NamedSharding(jax.make_mesh((4, 2), ("x", "y"), devices=DEVICES[::-1]),
+                           P("y", "x"))
+    ours, theirs = both(lambda a: a * 2 + 1, in_shardings=target)
+    with jax.transfer_guard("log"):
+        for i in range(3):
+            check_calls(ours, theirs, np.arange(32, dtype=np.float32).reshape(4, 8) + i)
+
+
 def test_arguments_that_are_not_arrays_fail_like_jax():
     ours, theirs = both(lambda x: x)
     assert_same_error(ours, theirs, "text")
