@@ -5,6 +5,9 @@
 //! arrays are immutable, so equal bytes mean an equal copy. A value is kept from the second
 //! time it is seen among the latest few, so that a loop passing new values on every call pays
 //! only a fingerprint per call, and no copy that it never uses again.
+//!
+//! A device array copied to another device is found by identity instead (`LatestCopy`): the
+//! copy of the latest array passed serves the next call that passes the same array.
 
 use std::hash::Hasher;
 
@@ -75,6 +78,48 @@ fn fingerprint(bytes: &[u8]) -> u64 {
     hasher.finish()
 }
 
+/// The copy of the latest source array copied for one argument. Sources are immutable, so a
+/// source passed again takes its copy from the call before. The copy is kept from the second
+/// call in a row with a source at one address, so that calls with a new source every time
+/// keep nothing (and make no `S`, a weak reference to the source); it is let go when another
+/// source is copied.
+#[derive(Debug, Default)]
+pub enum LatestCopy<S, T> {
+    #[default]
+    Nothing,
+    /// The latest source copied was at this address; its copy is not kept.
+    At(usize),
+    /// The latest source (`S` identifies it) and its copy.
+    Kept(S, T),
+}
+
+impl<S, T> LatestCopy<S, T> {
+    /// The copy kept of the source at `address`, where `is_source` tells the kept source is
+    /// that one; and whether the latest source copied, not kept, was at this address.
+    pub fn lookup(&self, address: usize, is_source: impl FnOnce(&S) -> bool) -> (Option<&T>, bool) {
+        match self {
+            Self::Nothing => (None, false),
+            Self::At(seen) => (None, *seen == address),
+            Self::Kept(source, copy) => (is_source(source).then_some(copy), false),
+        }
+    }
+
+    /// What follows a copy of the source at `address`: the source and its copy (made by `keep`)
+    /// where `seen_again` (as `lookup` said), else the address alone.
+    pub fn after_copy<E>(
+        address: usize,
+        seen_again: bool,
+        keep: impl FnOnce() -> Result<(S, T), E>,
+    ) -> Result<Self, E> {
+        Ok(if seen_again {
+            let (source, copy) = keep()?;
+            Self::Kept(source, copy)
+        } else {
+            Self::At(address)
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -137,5 +182,48 @@ mod tests {
         assert_eq!(values.keep(&[2], 22), vec![2]);
         assert_eq!(values.get(&[2]), Some(&22));
         assert_eq!(values.kept.len(), KEPT_VALUES);
+    }
+
+    /// One call of a source at `address` (`source` identifies it): its copy, kept or new.
+    fn call(latest: &mut LatestCopy<u32, &'static str>, address: usize, source: u32) -> bool {
+        let (kept, seen_again) = latest.lookup(address, |s| *s == source);
+        if kept.is_some() {
+            return true;
+        }
+        *latest =
+            LatestCopy::after_copy(address, seen_again, || Ok::<_, ()>((source, "copy"))).unwrap();
+        false
+    }
+
+    #[test]
+    fn a_source_is_kept_from_its_second_call_in_a_row() {
+        let mut latest = LatestCopy::default();
+        assert!(!call(&mut latest, 8, 1));
+        assert!(!call(&mut latest, 8, 1));
+        assert!(matches!(latest, LatestCopy::Kept(1, _)));
+        assert!(call(&mut latest, 8, 1));
+        assert!(call(&mut latest, 8, 1));
+    }
+
+    #[test]
+    fn another_source_lets_the_copy_go() {
+        let mut latest = LatestCopy::default();
+        call(&mut latest, 8, 1);
+        call(&mut latest, 8, 1);
+        assert!(!call(&mut latest, 16, 2));
+        assert!(matches!(latest, LatestCopy::At(16)));
+        // A new source at a dead source's address is not taken for it.
+        assert!(!call(&mut latest, 16, 2));
+        assert!(!call(&mut latest, 16, 3));
+        assert!(matches!(latest, LatestCopy::At(16)));
+    }
+
+    #[test]
+    fn new_sources_every_call_keep_nothing() {
+        let mut latest = LatestCopy::default();
+        for i in 0..100u32 {
+            assert!(!call(&mut latest, i as usize, i));
+            assert!(matches!(latest, LatestCopy::At(_)));
+        }
     }
 }

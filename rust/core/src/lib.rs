@@ -20,7 +20,7 @@ pub mod tile;
 pub use error::ShardingError;
 pub use hlo_sharding::HloSharding;
 pub use index_map::IndexMap;
-pub use kept_values::KeptValues;
+pub use kept_values::{KeptValues, LatestCopy};
 pub use lru::{LruBuckets, Recency, SlotRef, UseStamp};
 pub use mesh::{MeshAxes, NamedSpec};
 pub use process_local::{local_blocks, process_block_counts, LocalDataError};

@@ -6,7 +6,7 @@
 
 use std::sync::{Mutex, PoisonError};
 
-use fastpjit_core::KeptValues;
+use fastpjit_core::{KeptValues, LatestCopy};
 use numpy::npyffi::{NPY_ORDER, PY_ARRAY_API};
 use numpy::{PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
@@ -49,23 +49,11 @@ enum Input {
 type CopyTargets = (Py<PyAny>, Py<PyAny>, Py<PyAny>);
 
 /// An array argument that jaxlib copies to the executable's device, with the copy of the
-/// latest array passed again (see `CopiedArray`).
+/// latest array passed again (see `LatestCopy`).
 struct CopyInput {
     targets: CopyTargets,
     /// None for a donated argument, whose copy the executable consumes, and for large arrays.
-    latest: Option<Mutex<CopiedArray>>,
-}
-
-/// The latest array copied for an argument. A jax.Array never changes, so an array passed
-/// again takes its copy from the call before, as long as it lives. The copy is kept from the
-/// second call in a row with an array at one address, so that calls with a new array every
-/// time make no weak references; it is released when another array is copied.
-#[derive(Default)]
-enum CopiedArray {
-    #[default]
-    Nothing,
-    At(usize),
-    Kept(Py<PyWeakrefReference>, Py<PyAny>),
+    latest: Option<Mutex<LatestCopy<Py<PyWeakrefReference>, Py<PyAny>>>>,
 }
 
 /// The largest array whose latest copy is kept: the copy is held until another array is
@@ -432,13 +420,11 @@ impl CopyInput {
         };
         let lock = || latest.lock().unwrap_or_else(PoisonError::into_inner);
         let address = array.as_ptr() as usize;
-        let (kept, seen_here) = match &*lock() {
-            // The call holds `array`, a jax.Array: alive and not None.
-            CopiedArray::Kept(source, copy) => {
-                (refers_to(source, array).then(|| copy.clone_ref(py)), false)
-            }
-            CopiedArray::At(seen) => (None, *seen == address),
-            CopiedArray::Nothing => (None, false),
+        // The call holds `array`, a jax.Array: alive and not None.
+        let (kept, seen_again) = {
+            let latest = lock();
+            let (kept, seen_again) = latest.lookup(address, |source| refers_to(source, array));
+            (kept.map(|copy| copy.clone_ref(py)), seen_again)
         };
         if let Some(copy) = kept {
             let copy = copy.into_bound(py);
@@ -448,14 +434,12 @@ impl CopyInput {
             }
         }
         let copy = self.copy(h, array)?;
-        let now = if seen_here {
-            CopiedArray::Kept(
+        let now = LatestCopy::after_copy(address, seen_again, || {
+            Ok::<_, PyErr>((
                 PyWeakrefReference::new(array)?.unbind(),
                 copy.clone().unbind(),
-            )
-        } else {
-            CopiedArray::At(address)
-        };
+            ))
+        })?;
         // The copy no longer kept is released after the lock: freeing a jax.Array releases
         // the GIL, and a thread that takes it may be waiting for this lock.
         let released = std::mem::replace(&mut *lock(), now);
