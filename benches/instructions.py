@@ -32,7 +32,7 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding
+from jax.sharding import NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
 
 import fastpjit
@@ -41,7 +41,8 @@ CALLS = (100, 300)
 OUT_DIR = Path("/tmp/fastpjit-cg")
 
 
-def _cases() -> dict[str, tuple[Any, tuple[Any, ...], dict[str, Any]]]:
+def _cases() -> dict[str, tuple[Any, tuple[Any, ...], dict[str, Any], dict[str, Any]]]:
+    """Each case: the function, its arguments and keyword arguments, and the jit options."""
     x = jax.device_put(jnp.ones((8, 4), jnp.float32), jax.devices()[0])
     mesh = jax.make_mesh((8,), ("d",))
     x8 = jax.device_put(jnp.ones((8, 4), jnp.float32), NamedSharding(mesh, P("d")))
@@ -59,7 +60,8 @@ def _cases() -> dict[str, tuple[Any, tuple[Any, ...], dict[str, Any]]]:
     def outputs(n):
         return lambda a: {f"m{i:02d}": a * i for i in range(n)}
 
-    return {
+    on_device_1 = {"in_shardings": SingleDeviceSharding(jax.devices()[1])}
+    cases = {
         "f(x)": (inc, (x,), {}),
         "f(x, 1.0)": (add, (x, 1.0), {}),
         "f(x, 2)": (add, (x, 2), {}),
@@ -79,6 +81,12 @@ def _cases() -> dict[str, tuple[Any, tuple[Any, ...], dict[str, Any]]]:
         "8 dev: f(x, 1.0)": (add, (x8, 1.0), {}),
         "8 dev: f(x) → 3 outputs": (outputs(3), (x8,), {}),
     }
+    cases = {name: (*case, {}) for name, case in cases.items()}
+    # Uncommitted arrays on device 0, copied to the executable's device 1.
+    cases["f(x) on dev 1, x uncommitted on 0"] = (inc, (jnp.ones((8, 4)),), {}, on_device_1)
+    cases["f(x) on dev 1, new x uncommitted"] = (
+        inc, (NewValues(jnp.full((8, 4), i, jnp.float32) for i in range(64)),), {}, on_device_1)
+    return cases
 
 
 class NewValues:
@@ -132,11 +140,11 @@ def main() -> None:
     callgrind = Callgrind()
     wanted = sys.argv[1:]
     print(f"{'case':36s} {'fastpjit':>10s} {'jax.jit':>10s} {'difference':>11s}")
-    for name, (fun, args, kwargs) in _cases().items():
+    for name, (fun, args, kwargs, options) in _cases().items():
         if wanted and not any(w in name for w in wanted):
             continue
         counts = {}
-        for side, f in (("ours", fastpjit.jit(fun)), ("jax", jax.jit(fun))):
+        for side, f in (("ours", fastpjit.jit(fun, **options)), ("jax", jax.jit(fun, **options))):
             if any(isinstance(a, NewValues) for a in args):
                 def call(f=f, args=args, kwargs=kwargs):
                     return f(*_resolve(args), **kwargs)
