@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import decimal
+import enum
+import fractions
 import pickle
 import subprocess
 import sys
@@ -19,6 +22,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import pytest
 from jax.errors import JaxRuntimeError
@@ -689,6 +693,57 @@ def test_a_masked_array_fails_like_jax_after_a_plain_array_was_cached():
     with pytest.raises(ValueError) as got:
         ours(masked)
     assert str(got.value) == str(expected.value)
+
+
+class _Color(enum.IntEnum):
+    RED = 3
+
+
+class _NdarraySubclass(np.ndarray):
+    pass
+
+
+class _HasJaxArray:
+    def __jax_array__(self) -> jax.Array:
+        return jnp.arange(3.0)
+
+
+# Arguments a dispatcher meets rarely: each either runs, with JAX's values, dtypes and weak
+# types, or fails with JAX's exception and message, on the first call and on cached ones.
+UNUSUAL_ARGUMENTS = {
+    "str": "abc", "bytes": b"ab", "object": object(), "None": None, "int over 64 bits": 2**70,
+    "int under int64": -2**63 - 1, "int over int32": 2**31, "int64 max": 2**63 - 1,
+    "object array": np.array([1, "a"], dtype=object), "str array": np.array(["a"]),
+    "datetime64 array": np.array(["2020-01-01"], dtype="datetime64[D]"),
+    "void array": np.zeros(2, dtype="V4"), "structured array": np.zeros(2, dtype=[("a", "f4")]),
+    "ndarray subclass": np.arange(3.0).view(_NdarraySubclass),
+    "bfloat16 array": np.ones(3, ml_dtypes.bfloat16), "int4 array": np.ones(3, ml_dtypes.int4),
+    "float8 array": np.ones(3, ml_dtypes.float8_e4m3fn), "float16 scalar": np.float16(1.5),
+    "complex128 scalar": np.complex128(1 + 2j), "uint64 scalar over int64": np.uint64(2**63),
+    "numpy bool": np.bool_(True), "IntEnum": _Color.RED, "Decimal": decimal.Decimal(1),
+    "Fraction": fractions.Fraction(1, 2), "__jax_array__": _HasJaxArray(),
+    "0-d array": np.array(3.0), "strided array": np.arange(12.0).reshape(3, 4)[:, ::2],
+    "Fortran-ordered array": np.asfortranarray(np.arange(6.0).reshape(2, 3)),
+    "read-only array": np.frombuffer(b"\0" * 16, np.float32), "memoryview": memoryview(b"abcd"),
+    "range": range(3), "set": {1}, "empty tuple": (),
+    "dict of int and str keys": {1: 2.0, "a": 3.0}, "nan": float("nan"), "-0.0": -0.0,
+    "int64 scalar over int32": np.int64(2**40),
+}
+
+
+@pytest.mark.parametrize("x64", [False, True], ids=["x32", "x64"])
+@pytest.mark.parametrize("name", list(UNUSUAL_ARGUMENTS))
+def test_unusual_arguments_run_or_fail_like_jax_on_every_call(name, x64):
+    value = UNUSUAL_ARGUMENTS[name]
+    ours, theirs = both(lambda tree: jax.tree.map(lambda leaf: leaf * 2, tree))
+    with jax.enable_x64(x64):
+        for _ in range(3):
+            try:
+                expected = theirs(value)
+            except Exception:
+                assert_same_error(ours, theirs, value)
+            else:
+                assert_same_outputs(ours(value), expected)
 
 
 @pytest.mark.parametrize("kind", ["jit", "pmap"])
