@@ -731,11 +731,21 @@ UNUSUAL_ARGUMENTS = {
 }
 
 
+@pytest.mark.parametrize("kind", ["jit", "pmap"])
 @pytest.mark.parametrize("x64", [False, True], ids=["x32", "x64"])
 @pytest.mark.parametrize("name", list(UNUSUAL_ARGUMENTS))
-def test_unusual_arguments_run_or_fail_like_jax_on_every_call(name, x64):
+def test_unusual_arguments_run_or_fail_like_jax_on_every_call(name, x64, kind):
     value = UNUSUAL_ARGUMENTS[name]
-    ours, theirs = both(lambda tree: jax.tree.map(lambda leaf: leaf * 2, tree))
+
+    def double(tree):
+        return jax.tree.map(lambda leaf: leaf * 2, tree)
+
+    if kind == "jit":
+        ours, theirs = both(double)
+    else:
+        # Broadcast to every device, as a pmap takes a value that has no axis to map.
+        ours = fastpjit.pmap(double, in_axes=None, axis_size=len(DEVICES))
+        theirs = jax.pmap(fresh(double), in_axes=None, axis_size=len(DEVICES))
     with jax.enable_x64(x64):
         for _ in range(3):
             try:
