@@ -14,8 +14,10 @@ the timing, so where a call must place one, the floor is below what any dispatch
 In the donation loop, the floor threads its state through the executable as the others do.
 Rows whose executable communicates between devices wait for each result on every side (XLA's
 CPU collectives abort when hundreds are in flight); their times include the execution. The
-thread rows time a burst of calls spread over N threads; their µs are per call, so their
-calls/s is 10⁶ / µs, and the scaling notes divide by the 1-thread row.
+thread rows time a burst of calls spread over N threads, each thread started for the burst;
+their µs are per call, so their calls/s is 10⁶ / µs, and the scaling notes divide by the
+1-thread row. In short bursts (64 calls per thread) the threads hand the GIL to each other on
+nearly every call; in long ones (1000 per thread) each thread runs many calls in a row.
 
 Every row first checks that fastpjit's results equal JAX's (tree, values, dtypes, weak types,
 shardings, commitment), and that fastpjit's second call was a cache hit with no fallback.
@@ -45,6 +47,7 @@ from fastpjit import _jax
 COLUMNS = ("kind", "devices")
 SHAPE = (8, 4)
 THREAD_CALLS = 64
+LONG_THREAD_CALLS = 1000
 
 
 def _same_leaf(ours: Any, theirs: Any) -> None:
@@ -344,8 +347,8 @@ def _new_batches(fun: Any, calls: Calls, **options: Any) -> Sides:
                  check=same_result)
 
 
-def _threads(n: int, d: int) -> Sides:
-    """A burst of calls of f(x) on `n` threads at once (THREAD_CALLS each), per call."""
+def _threads(n: int, d: int, calls: int = THREAD_CALLS) -> Sides:
+    """A burst of calls of f(x) on `n` threads at once (`calls` each), per call."""
     x = _array(d)
     ours, theirs = fastpjit.jit(plus_one), jax.jit(fresh(plus_one))
     floor = jit_floor(jax.jit(fresh(plus_one)), (x,), {})
@@ -354,7 +357,7 @@ def _threads(n: int, d: int) -> Sides:
     def burst(f: Callable[[], Any]) -> Callable[[], Any]:
         def run() -> Any:
             def loop() -> None:
-                for _ in range(THREAD_CALLS):
+                for _ in range(calls):
                     f()
 
             if n == 1:
@@ -369,7 +372,7 @@ def _threads(n: int, d: int) -> Sides:
         return run
 
     return Sides(ours=burst(lambda: ours(x)), jax=burst(lambda: theirs(x)), floor=burst(floor),
-                 check=same_result, calls=n * THREAD_CALLS + 1)
+                 check=same_result, calls=n * calls + 1)
 
 
 def _case(name: str, build: Callable[[], Sides], kind: str, devices: int) -> Case:
@@ -414,6 +417,9 @@ def _build_cases() -> list[Case]:
     for n in (1, 2, 8):
         cases.append(_case(f"f(x) on {n} thread{'s' if n > 1 else ''}",
                            lambda n=n: _threads(n, 1), "threads", 1))
+    for n in (2, 8):
+        cases.append(_case(f"f(x) on {n} threads, {LONG_THREAD_CALLS} calls each",
+                           lambda n=n: _threads(n, 1, LONG_THREAD_CALLS), "threads", 1))
     return cases
 
 
