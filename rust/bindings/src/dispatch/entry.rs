@@ -227,6 +227,9 @@ impl Entry {
             }
             let mut inputs: Vec<Bound<'py, PyAny>> =
                 Vec::with_capacity(self.const_inputs.len() + leaves.len());
+            // Whether the transfer guard watches host-to-device transfers: read for the first
+            // host argument, once per call (it is per thread, and placing does not change it).
+            let mut host_guarded = None;
             inputs.extend(self.const_inputs.iter().map(|c| c.bind(py).clone()));
             for (j, ((input, leaf), key)) in self.inputs.iter().zip(leaves).zip(keys).enumerate() {
                 match input {
@@ -247,7 +250,13 @@ impl Entry {
                         count_fallback(moved);
                         inputs.push(h.shard_arg.bind(py).call1((leaf, sharding))?);
                     }
-                    Input::Host(host) => inputs.push(host.place(h, leaf, key)?),
+                    Input::Host(host) => {
+                        let guarded = match host_guarded {
+                            Some(guarded) => guarded,
+                            None => *host_guarded.insert(h.host_transfers_guarded(py)?),
+                        };
+                        inputs.push(host.place(h, leaf, key, guarded)?);
+                    }
                     Input::Rewrap(aval, sharding) => {
                         check_live(h, leaf, j)?;
                         inputs.push(h.rewrap.bind(py).call1((leaf, aval, sharding))?);
@@ -460,16 +469,17 @@ impl CopyInput {
 impl HostArg {
     /// The host value `leaf` on the input's sharding: a kept device copy of the same bytes if
     /// there is one, else placed now, and kept if the value was seen among the latest. Where
-    /// the transfer guard watches host-to-device transfers, it is placed as JAX places it, so
-    /// that the guard sees the transfer as JAX's.
+    /// the transfer guard watches host-to-device transfers (`guarded`), it is placed as JAX
+    /// places it, so that the guard sees the transfer as JAX's.
     fn place<'py>(
         &self,
         h: &Handles,
         leaf: &Bound<'py, PyAny>,
         key: &LiveLeaf<'py>,
+        guarded: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
         let py = leaf.py();
-        if h.host_transfers_guarded(py)? {
+        if guarded {
             return self.host.place_guarded(leaf);
         }
         let kept_and_bytes = self
