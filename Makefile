@@ -20,7 +20,7 @@ $(VENV)/.installed: pyproject.toml
 	$(VENV)/bin/pip install --quiet --upgrade pip
 	$(VENV)/bin/pip install --quiet "maturin>=1.9,<2" "jax==0.10.2" "jaxlib==0.10.2" "numpy>=2" \
 		"pytest>=8" "pytest-timeout>=2.3" "hypothesis>=6.100" "cloudpickle>=3" "matplotlib>=3.8" \
-		"ruff>=0.6" "mypy>=1.10"
+		"ruff>=0.6" "mypy>=1.10" "flax==0.12.8" "optax==0.2.8" "tqdm>=4.66"
 	touch $@
 
 build: venv

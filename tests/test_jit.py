@@ -1126,9 +1126,9 @@ def test_clear_cache():
 def bounded_jit(fun: Any, capacity: int) -> Any:
     """fastpjit.jit(fun) with a small cache; jit() itself keeps the default capacity."""
     jitted = jax.jit(fun)
-    wrapped = jit_module.JitWrapped(jitted, functools.partial(_jax.jit_cache_miss, jitted), [],
-                                    [], capacity=capacity)
-    wrapped._jitted = jitted
+    cache = fastpjit._core.DispatchCache("bounded", [], [], capacity=capacity)
+    wrapped = jit_module.JitWrapped(jitted, functools.partial(_jax.jit_cache_miss, jitted), cache)
+    wrapped._jax_function = jit_module._JaxFunction(lambda: jitted, made=jitted)
     return wrapped
 
 

@@ -3,8 +3,9 @@
 jit, pjit and pmap with their cached calls dispatched in Rust; compile_hlo, which runs sharded
 HLO written by other frontends through the same dispatcher; sharding index maps computed in
 Rust, equal to JAX's; device_put, device_get and make_array_from_process_local_data with the
-shard and unshard work done in Rust. `python -m fastpjit.launch` runs a multi-process program
-on one machine.
+shard and unshard work done in Rust. `fastpjit.install()` puts fastpjit in JAX's place under
+code that you don't own, and `python -m fastpjit run SCRIPT` runs a program so.
+`python -m fastpjit.launch` runs a multi-process program on one machine.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from fastpjit.errors import (
     ShardingRankError,
 )
 from fastpjit.hlo import compile_hlo
+from fastpjit.install import install, installed, uninstall
 from fastpjit.jit import jit, pjit
 from fastpjit.pmap import pmap
 from fastpjit.sharding import (
@@ -48,6 +50,8 @@ __all__ = [
     "device_replica_id_map",
     "devices_indices_map",
     "indices_array",
+    "install",
+    "installed",
     "jit",
     "make_array_from_process_local_data",
     "parse_hlo_sharding",
@@ -57,4 +61,5 @@ __all__ = [
     "set_host_pool_limit",
     "shard_shape",
     "stats",
+    "uninstall",
 ]

@@ -9,6 +9,7 @@ from typing_extensions import disjoint_base
 
 __all__ = [
     "CacheMiss",
+    "DispatchCache",
     "FastPath",
     "JitFunction",
     "__version__",
@@ -62,18 +63,24 @@ def make_array_from_process_local_leaf(
 def clear_dispatch_memo() -> None: ...
 def dispatch_memo_sizes() -> tuple[int, int]: ...
 
-@disjoint_base
-class JitFunction:
+@final
+class DispatchCache:
     def __new__(
         cls,
-        fallback: Any,
-        miss: Any,
+        name: str,
         static_argnums: Sequence[int],
         static_argnames: Sequence[str],
         kind: str = "jit",
         capacity: int = 4096,
         context: bool = True,
     ) -> Self: ...
+    def _clear(self) -> None: ...
+
+@disjoint_base
+class JitFunction:
+    def __new__(cls, fallback: Any, miss: Any, cache: DispatchCache) -> Self: ...
+    @property
+    def _dispatch_cache(self) -> DispatchCache: ...
     def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
     def _cache_size(self) -> int: ...
     def _held_arrays(self) -> int: ...

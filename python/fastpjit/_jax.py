@@ -107,6 +107,9 @@ __all__ = [
     "jit_key_state_names",
     "jit_key_states",
     "jit_static_args",
+    "jax_jit",
+    "jax_pmap",
+    "function_name",
     "LaunchedCluster",
     "legacy_pjit",
     "logical_device_ids",
@@ -276,22 +279,29 @@ def array_was_donated(array: Any) -> bool:
     return True
 
 
-def array_input(own: Any, target: Any) -> tuple[str, tuple[list[Any], ...] | None]:
-    """How an array on sharding `own` becomes an executable input on sharding `target`, as
-    JAX's dispatch has it: ("pass", None) as it is (the same sharding, or the same single
-    device and memory); ("copy", the arguments `batched_copy` takes after the list of arrays)
-    from one device to another single device, which JAX copies in C++; else ("move", None),
-    where JAX moves it (`shard_arg`)."""
+def array_input(own: Any, target: Any, ndim: int) -> tuple[str, tuple[list[Any], ...] | None]:
+    """How an array of `ndim` dimensions on sharding `own` becomes an executable input on
+    sharding `target`, as JAX's dispatch has it: ("pass", None) as it is (the same sharding, or
+    one that places the same shards on the same devices in the same order: a previous pmap's
+    output, say); ("copy", the arguments `batched_copy` takes after the list of arrays) where
+    its shards go to other devices as they are (from one device to another, or the same tiles
+    over devices in another order), which JAX copies in C++; else ("move", None), where JAX
+    moves it (`shard_arg`)."""
     if own == target:
         return "pass", None
-    if own.num_devices != 1 or target.num_devices != 1:
-        return "move", None
-    device, = own._device_assignment
-    default = device.default_memory().kind if hasattr(device, "default_memory") else None
-    if (tuple(target._device_assignment) == (device,)
-            and (own.memory_kind or default) == (target.memory_kind or default)):
+    if own.num_devices == 1 and target.num_devices == 1:
+        device, = own._device_assignment
+        default = device.default_memory().kind if hasattr(device, "default_memory") else None
+        if (tuple(target._device_assignment) == (device,)
+                and (own.memory_kind or default) == (target.memory_kind or default)):
+            return "pass", None
+    elif own.is_equivalent_to(target, ndim):
         return "pass", None
-    if not target.is_fully_addressable:
+    elif (own.num_devices != target.num_devices or own.memory_kind != target.memory_kind
+          or not _op_shardings.are_hlo_shardings_equal(own._to_xla_hlo_sharding(ndim),
+                                                       target._to_xla_hlo_sharding(ndim))):
+        return "move", None
+    if not (own.is_fully_addressable and target.is_fully_addressable):
         return "move", None
     return "copy", ([target._internal_device_list.addressable_device_list], [target],
                     [xc.ArrayCopySemantics.REUSE_INPUT])
@@ -510,11 +520,7 @@ def _compile_unlocked(computation: Any) -> Any:
     in_shardings = tuple(_pxla.maybe_concretize_mesh(s, devices) for s in args["in_shardings"])
     out_shardings = tuple(_pxla.maybe_concretize_mesh(s, devices) for s in args["out_shardings"])
     options = _compile_options(computation, in_shardings, out_shardings)
-    with _dispatch.log_elapsed_time(
-            "Finished XLA compilation of {fun_name} in {elapsed_time:.9f} sec",
-            fun_name=computation._name, event=_dispatch.BACKEND_COMPILE_EVENT):
-        xla_executable = _compiler.compile_or_get_cached(
-            args["backend"], computation._hlo, _device_array(devices), options, [], devices)
+    xla_executable = _xla_executable(computation, options)
     in_avals, out_avals = args["global_in_avals"], args["global_out_avals"]
     # Shardings that XLA chose become NamedShardings where a user sharding shows the mesh,
     # as in JAX.
@@ -549,6 +555,31 @@ def _compile_unlocked(computation: Any) -> Any:
                                                        in_avals),
         xla_out_layouts=xla_out_layouts, all_args_info=args["all_args_info"],
         pgle_profiler=None).load()
+
+
+# XLA's executables by lowered module and compile options. Two signatures whose lowering JAX
+# serves from its cache (the same module: equivalent shardings, say) share one compile, as
+# they do in JAX (`pxla._cached_compilation`). The module is held weakly, as JAX holds it.
+_xla_executables: weakref.WeakKeyDictionary[Any, dict[bytes, Any]] = weakref.WeakKeyDictionary()
+_xla_executables_lock = threading.Lock()
+
+
+def _xla_executable(computation: Any, options: Any) -> Any:
+    module, key = computation._hlo, options.SerializeAsString()
+    with _xla_executables_lock:
+        found = _xla_executables.get(module, {}).get(key)
+    if found is not None:
+        return found
+    devices = computation._device_list
+    with _dispatch.log_elapsed_time(
+            "Finished XLA compilation of {fun_name} in {elapsed_time:.9f} sec",
+            fun_name=computation._name, event=_dispatch.BACKEND_COMPILE_EVENT):
+        executable = _compiler.compile_or_get_cached(
+            computation.compile_args["backend"], module, _device_array(devices), options, [],
+            devices)
+    with _xla_executables_lock:
+        _xla_executables.setdefault(module, {})[key] = executable
+    return executable
 
 
 def _device_array(devices: Any) -> np.ndarray:
@@ -680,6 +711,17 @@ def aot_cache_miss(compiled: Any, args: tuple[Any, ...], kwargs: dict[str, Any])
     donated = [info.donated for info in _tree_util.tree_leaves(compiled.args_info)]
     fast_path, reason = _fast_path_and_reason(fast, donated, None)
     return _native.CacheMiss(outs, fast_path, compiles=0, jax_reason=reason)
+
+
+# JAX's own jit and pmap, which users may replace with fastpjit's (`fastpjit.install()`):
+# fastpjit calls these, never the public names.
+jax_jit = _api.jit
+jax_pmap = _pmap_lib.pmap
+
+
+def function_name(fun: Any) -> str:
+    """How fastpjit.stats() names a function: its qualified name, as JAX's logs name it."""
+    return _util.fun_qual_name(fun)
 
 
 def legacy_pjit(fun: Any, **options: Any) -> Any:
@@ -854,9 +896,10 @@ _source_info_util.register_exclusion(_PACKAGE_DIR)
 
 
 class _FunctionCaches:
-    """Every live fastpjit function's executables and the dispatcher's memo of avals and
-    shardings, as one cache in JAX's registry, which jax.clear_caches() clears. The functions
-    are held weakly: registering one keeps nothing alive."""
+    """Every live fastpjit function's executables, XLA's executables by module and the
+    dispatcher's memo of avals and shardings, as one cache in JAX's registry, which
+    jax.clear_caches() clears. The functions are held weakly: registering one keeps nothing
+    alive."""
 
     def __init__(self) -> None:
         self._functions: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -871,6 +914,8 @@ class _FunctionCaches:
             functions = list(self._functions)
         for function in functions:
             function._clear_cache()
+        with _xla_executables_lock:
+            _xla_executables.clear()
         _native.clear_dispatch_memo()
 
 

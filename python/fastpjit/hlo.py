@@ -92,8 +92,10 @@ def compile_hlo(module: str | bytes, devices: Sequence[Any] | None = None, *,
 
 def _function(program: _Program) -> HloFunction:
     # A bad argument's error shows the caller's frame, not fastpjit's checks.
-    function = HloFunction(_jax.api_boundary(program.run), _jax.api_boundary(program.miss), [],
-                           [], kind=_KIND, capacity=_CACHE_CAPACITY, context=False)
+    cache = _core.DispatchCache(program.name, [], [], kind=_KIND, capacity=_CACHE_CAPACITY,
+                                context=False)
+    function = HloFunction(_jax.api_boundary(program.run), _jax.api_boundary(program.miss),
+                           cache)
     function._program = program
     return function
 

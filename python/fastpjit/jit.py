@@ -15,13 +15,14 @@ import types
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-import jax
-
 from fastpjit import _core, _jax
+from fastpjit._shared import SharedCaches
 
 __all__ = ["Compiled", "JitWrapped", "Lowered", "jit", "pjit"]
 
 _UNSPECIFIED: Any = object()
+# The dispatch caches of jit and pjit functions, one per function and options.
+_shared_caches = SharedCaches()
 
 
 class _NotSpecified:
@@ -78,12 +79,17 @@ class Wrapped(_core.JitFunction):
 class JitWrapped(Wrapped):
     """The function that fastpjit.jit returns: call it, lower it, or inspect it like jax.jit's."""
 
-    _jitted: Any
+    _jax_function: _JaxFunction
+
+    @property
+    def _jitted(self) -> Any:
+        """The jax.jit function of the same function and options."""
+        return self._jax_function.jitted()
 
     @property
     def _active(self) -> Any:
         """The jax.jit function that traces this one's calls."""
-        return self._jitted
+        return self._jax_function.active()
 
     @_jax.api_boundary
     def lower(self, *args: Any, **kwargs: Any) -> Lowered:
@@ -110,8 +116,9 @@ class JitWrapped(Wrapped):
         return self._cache_size()
 
     def _rewrapped(self) -> JitWrapped:
-        """A new function over the same jax.jit function, with a cache of its own."""
-        return _wrap(self.__wrapped__, self._jitted, self._make)
+        """A new function over the same jax.jit function and dispatch cache."""
+        return _function(type(self), self.__wrapped__, self._jax_function,
+                         self._dispatch_cache, self._make)
 
     def __copy__(self) -> JitWrapped:
         # As JAX's copy, it shares JAX's caches: it finds the executables compiled already.
@@ -157,7 +164,8 @@ class Compiled(_core.JitFunction):
     @classmethod
     def of(cls, compiled: Any) -> Compiled:
         miss = _jax.api_boundary(functools.partial(_jax.aot_cache_miss, compiled))
-        wrapped = cls(compiled, miss, [], [], kind="compiled")
+        cache = _core.DispatchCache(_jax.function_name(compiled), [], [], kind="compiled")
+        wrapped = cls(compiled, miss, cache)
         wrapped._compiled = compiled
         return wrapped
 
@@ -172,56 +180,89 @@ class Compiled(_core.JitFunction):
         return getattr(self._compiled, name)
 
 
-def _wrap(fun: Callable[..., Any], jitted: Any, make: functools.partial[Any]) -> JitWrapped:
-    argnums, argnames = _jax.jit_static_args(jitted)
-    wrapped = JitWrapped(jitted, _jax.api_boundary(functools.partial(_jax.jit_cache_miss, jitted)),
-                         list(argnums), list(argnames))
-    wrapped._jitted = jitted
-    _set_function(wrapped, fun, make)
-    return wrapped
+class _PjitWrapped(JitWrapped):
+    """pjit: the old `with mesh:` resolves PartitionSpecs where it is active, and
+    `jax.set_mesh` everywhere else. JAX's trace context keys the two apart."""
+
+    def clear_cache(self) -> None:
+        super().clear_cache()
+        self._jax_function.legacy().clear_cache()
 
 
-def _set_function(wrapped: Any, fun: Callable[..., Any], make: functools.partial[Any]) -> None:
+class _JaxFunction:
+    """jax.jit (or the old pjit) of a function with its options, made on first use: a new
+    wrapper of a function wrapped before finds its executables in the shared dispatch cache,
+    and makes no jax.jit function unless it misses, falls back or is lowered."""
+
+    __slots__ = ("_legacy", "_made", "_make", "_make_legacy")
+
+    def __init__(self, make: Callable[[], Any], make_legacy: Callable[[], Any] | None = None,
+                 made: Any = None):
+        self._make, self._make_legacy = make, make_legacy
+        self._made, self._legacy = made, None
+
+    def jitted(self) -> Any:
+        made = self._made
+        if made is None:
+            made = self._made = self._make()
+        return made
+
+    def legacy(self) -> Any:
+        """The old pjit function, which honours `with mesh:` (pjit's only)."""
+        legacy = self._legacy
+        if legacy is None:
+            assert self._make_legacy is not None
+            legacy = self._legacy = self._make_legacy()
+        return legacy
+
+    def active(self) -> Any:
+        """The function that traces a call now."""
+        if self._make_legacy is not None and _jax.in_legacy_mesh_context():
+            return self.legacy()
+        return self.jitted()
+
+    @_jax.api_boundary
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.active()(*args, **kwargs)
+
+    @_jax.api_boundary
+    def miss(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return _jax.jit_cache_miss(self.active(), args, kwargs)
+
+
+_KINDS: dict[type[JitWrapped], str] = {JitWrapped: "jit", _PjitWrapped: "pjit"}
+
+
+def _function(kind: type[JitWrapped], fun: Callable[..., Any], jax_function: _JaxFunction,
+              cache: Any, make: functools.partial[Any]) -> JitWrapped:
+    wrapped = kind(jax_function, jax_function.miss, cache)
+    wrapped._jax_function = jax_function
     functools.update_wrapper(wrapped, fun)
     # JAX's NaN and inf checks (its post-hook) rerun `_fun` without jit to find the culprit.
     wrapped._fun = fun
     wrapped._make = make
     _jax.clear_with_jax_caches(wrapped)
-
-
-class _PjitWrapped(JitWrapped):
-    """pjit: the old `with mesh:` resolves PartitionSpecs where it is active, and
-    `jax.set_mesh` everywhere else. JAX's trace context keys the two apart."""
-
-    _legacy: Any
-
-    @property
-    def _active(self) -> Any:
-        return self._legacy if _jax.in_legacy_mesh_context() else self._jitted
-
-    def clear_cache(self) -> None:
-        super().clear_cache()
-        self._legacy.clear_cache()
-
-    def _rewrapped(self) -> JitWrapped:
-        return _wrap_pjit(self.__wrapped__, self._jitted, self._legacy, self._make)
-
-
-def _wrap_pjit(fun: Callable[..., Any], jitted: Any, legacy: Any,
-               make: functools.partial[Any]) -> JitWrapped:
-    @_jax.api_boundary
-    def fallback(*args: Any, **kwargs: Any) -> Any:
-        return wrapped._active(*args, **kwargs)
-
-    @_jax.api_boundary
-    def miss(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        return _jax.jit_cache_miss(wrapped._active, args, kwargs)
-
-    argnums, argnames = _jax.jit_static_args(jitted)
-    wrapped = _PjitWrapped(fallback, miss, list(argnums), list(argnames), kind="pjit")
-    wrapped._jitted, wrapped._legacy = jitted, legacy
-    _set_function(wrapped, fun, make)
     return wrapped
+
+
+def _wrap(kind: type[JitWrapped], fun: Callable[..., Any], options: dict[str, Any],
+          make: functools.partial[Any], make_legacy: Callable[[], Any] | None = None
+          ) -> JitWrapped:
+    """A new function of `kind` over `fun` with jax.jit's `options`, sharing the dispatch cache
+    of the earlier ones of the same function and options, as JAX's jit functions share theirs."""
+    made = []
+
+    def new_cache() -> Any:
+        jitted = _jax.jax_jit(fun, **options)  # checks the options, as jax.jit does
+        made.append(jitted)
+        argnums, argnames = _jax.jit_static_args(jitted)
+        return _core.DispatchCache(_jax.function_name(fun), list(argnums), list(argnames),
+                                   kind=_KINDS[kind])
+
+    cache = _shared_caches.get(fun, (_KINDS[kind], options), new_cache)
+    jax_function = _JaxFunction(functools.partial(_jax.jax_jit, fun, **options), make_legacy,
+                                made[0] if made else None)
+    return _function(kind, fun, jax_function, cache, make)
 
 
 @_jax.api_boundary
@@ -254,7 +295,7 @@ def jit(
     make = functools.partial(jit, **options)
     if fun is _NOT_SPECIFIED:
         return make
-    return _wrap(fun, jax.jit(fun, **options), make)
+    return _wrap(JitWrapped, fun, options, make)
 
 
 @_jax.api_boundary
@@ -290,8 +331,8 @@ def pjit(
         static_argnames=static_argnames, donate_argnums=donate_argnums,
         donate_argnames=donate_argnames, keep_unused=keep_unused, device=device,
         backend=backend, inline=inline, compiler_options=compiler_options)
-    jitted, legacy = jax.jit(fun, **options), _jax.legacy_pjit(fun, **options)
-    return _wrap_pjit(fun, jitted, legacy, functools.partial(pjit, **options))
+    return _wrap(_PjitWrapped, fun, options, functools.partial(pjit, **options),
+                 functools.partial(_jax.legacy_pjit, fun, **options))
 
 
 def _options(in_shardings: Any, out_shardings: Any, **options: Any) -> dict[str, Any]:

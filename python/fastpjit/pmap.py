@@ -12,12 +12,14 @@ import operator
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-import jax
-
-from fastpjit import _jax
+from fastpjit import _core, _jax
+from fastpjit._shared import SharedCaches
 from fastpjit.jit import Wrapped
 
 __all__ = ["pmap"]
+
+# The dispatch caches of pmap functions, one per function and options.
+_shared_caches = SharedCaches()
 
 
 class PmapWrapped(Wrapped):
@@ -71,11 +73,17 @@ def pmap(
         axis_name=axis_name, in_axes=in_axes, out_axes=out_axes,
         static_broadcasted_argnums=static_broadcasted_argnums, devices=devices,
         backend=backend, axis_size=axis_size, donate_argnums=donate_argnums)
-    pmapped = jax.pmap(fun, **options)
-    # Like jax.pmap, only non-negative positions name static arguments.
+    pmapped = _jax.jax_pmap(fun, **options)
+
+    def new_cache() -> Any:
+        # Like jax.pmap, only non-negative positions name static arguments.
+        return _core.DispatchCache(
+            _jax.function_name(fun), [i for i in static_broadcasted_argnums if i >= 0], [],
+            kind="pmap")
+
     wrapped = PmapWrapped(
         pmapped, _jax.api_boundary(functools.partial(_jax.pmap_cache_miss, pmapped)),
-        [i for i in static_broadcasted_argnums if i >= 0], [], kind="pmap")
+        _shared_caches.get(fun, options, new_cache))
     wrapped._pmapped = pmapped
     wrapped._make = functools.partial(pmap, **options)
     functools.update_wrapper(wrapped, fun)

@@ -1,17 +1,26 @@
 //! Process-wide counters behind `fastpjit.stats()`: cache hits, misses, compiles and fallbacks
-//! with their reasons.
+//! with their reasons, in all and per function.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-static CACHE_HITS: AtomicU64 = AtomicU64::new(0);
-static CACHE_MISSES: AtomicU64 = AtomicU64::new(0);
-static COMPILES: AtomicU64 = AtomicU64::new(0);
-static FALLBACKS: Mutex<BTreeMap<String, u64>> = Mutex::new(BTreeMap::new());
+/// Counts that belong to no function: compiles and fallbacks that Python code paths report
+/// (`compile_hlo`'s compiles, `device_put`'s fallbacks).
+static OTHERS: FunctionStats = FunctionStats::new();
+/// The counts of every function by name, those of dead functions included, so that a summary
+/// at exit names them all.
+static FUNCTIONS: Mutex<BTreeMap<String, Arc<FunctionStats>>> = Mutex::new(BTreeMap::new());
+/// How many names `FUNCTIONS` holds; the functions of further names share one entry.
+const NAMED_FUNCTIONS: usize = 4096;
+const OTHER_FUNCTIONS: &str = "(other functions)";
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 #[derive(Clone, Copy)]
 pub enum Counter {
@@ -19,62 +28,149 @@ pub enum Counter {
     CacheMiss,
     /// Backend compiles that a cache miss (or `compile_hlo`) caused.
     Compile(u64),
+    /// A call that JAX ran whole (a tracer, `disable_jit`, effects), counted besides its
+    /// fallback's reason.
+    JaxCall,
 }
 
-pub fn count(counter: Counter) {
-    match counter {
-        Counter::CacheHit => CACHE_HITS.fetch_add(1, Ordering::Relaxed),
-        Counter::CacheMiss => CACHE_MISSES.fetch_add(1, Ordering::Relaxed),
-        Counter::Compile(n) => COMPILES.fetch_add(n, Ordering::Relaxed),
-    };
+/// The counters of one function (all the wrappers of one Python function and options).
+pub struct FunctionStats {
+    hits: AtomicU64,
+    misses: AtomicU64,
+    compiles: AtomicU64,
+    jax_calls: AtomicU64,
+    fallbacks: Mutex<BTreeMap<String, u64>>,
 }
 
-/// Records that a call took a slower correct path, and why.
+impl FunctionStats {
+    const fn new() -> Self {
+        Self {
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            compiles: AtomicU64::new(0),
+            jax_calls: AtomicU64::new(0),
+            fallbacks: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// The counters of the function named `name`, shared with earlier functions of the name.
+    pub fn named(name: &str) -> Arc<Self> {
+        let mut functions = lock(&FUNCTIONS);
+        if let Some(stats) = functions.get(name) {
+            return stats.clone();
+        }
+        let name = if functions.len() < NAMED_FUNCTIONS {
+            name
+        } else {
+            OTHER_FUNCTIONS
+        };
+        functions
+            .entry(name.to_owned())
+            .or_insert_with(|| Arc::new(Self::new()))
+            .clone()
+    }
+
+    pub fn count(&self, counter: Counter) {
+        let (cell, n) = match counter {
+            Counter::CacheHit => (&self.hits, 1),
+            Counter::CacheMiss => (&self.misses, 1),
+            Counter::Compile(n) => (&self.compiles, n),
+            Counter::JaxCall => (&self.jax_calls, 1),
+        };
+        cell.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Records that a call took a slower correct path, and why.
+    pub fn count_fallback(&self, reason: &str) {
+        let mut fallbacks = lock(&self.fallbacks);
+        if let Some(n) = fallbacks.get_mut(reason) {
+            *n += 1;
+        } else {
+            fallbacks.insert(reason.to_owned(), 1);
+        }
+    }
+
+    fn load(&self) -> [u64; 4] {
+        [&self.hits, &self.misses, &self.compiles, &self.jax_calls]
+            .map(|cell| cell.load(Ordering::Relaxed))
+    }
+
+    fn reset(&self) {
+        for cell in [&self.hits, &self.misses, &self.compiles, &self.jax_calls] {
+            cell.store(0, Ordering::Relaxed);
+        }
+        lock(&self.fallbacks).clear();
+    }
+
+    fn is_empty(&self) -> bool {
+        self.load() == [0; 4] && lock(&self.fallbacks).is_empty()
+    }
+}
+
+/// Counts a fallback that no function's call made (`device_put`, `device_get`).
 pub fn count_fallback(reason: &str) {
-    let mut fallbacks = FALLBACKS
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    *fallbacks.entry(reason.to_owned()).or_default() += 1;
+    OTHERS.count_fallback(reason);
 }
 
 /// A snapshot of every counter: `{"cache_hits", "cache_misses", "compiles", "fallbacks":
-/// {reason: n}, "host_pool": {...}}`.
+/// {reason: n}, "functions": {name: {"calls", "cache_hits", "cache_misses", "compiles",
+/// "fallbacks"}}, "host_pool": {...}}`.
 #[pyfunction]
 pub fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
-    let out = PyDict::new(py);
-    out.set_item("cache_hits", CACHE_HITS.load(Ordering::Relaxed))?;
-    out.set_item("cache_misses", CACHE_MISSES.load(Ordering::Relaxed))?;
-    out.set_item("compiles", COMPILES.load(Ordering::Relaxed))?;
-    let fallbacks = PyDict::new(py);
-    for (reason, n) in FALLBACKS
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
+    let functions: Vec<(String, Arc<FunctionStats>)> = lock(&FUNCTIONS)
         .iter()
-    {
-        fallbacks.set_item(reason, n)?;
+        .map(|(name, stats)| (name.clone(), stats.clone()))
+        .collect();
+    let mut totals = OTHERS.load();
+    let mut fallbacks = lock(&OTHERS.fallbacks).clone();
+    let per_function = PyDict::new(py);
+    for (name, stats) in &functions {
+        if stats.is_empty() {
+            continue;
+        }
+        let [hits, misses, compiles, jax_calls] = stats.load();
+        for (total, n) in totals.iter_mut().zip([hits, misses, compiles, jax_calls]) {
+            *total += n;
+        }
+        let own = lock(&stats.fallbacks).clone();
+        for (reason, n) in &own {
+            *fallbacks.entry(reason.clone()).or_default() += n;
+        }
+        let entry = PyDict::new(py);
+        entry.set_item("calls", hits + misses + jax_calls)?;
+        entry.set_item("cache_hits", hits)?;
+        entry.set_item("cache_misses", misses)?;
+        entry.set_item("compiles", compiles)?;
+        entry.set_item("fallbacks", own.into_pyobject(py)?)?;
+        per_function.set_item(name, entry)?;
     }
-    out.set_item("fallbacks", fallbacks)?;
+    let out = PyDict::new(py);
+    out.set_item("cache_hits", totals[0])?;
+    out.set_item("cache_misses", totals[1])?;
+    out.set_item("compiles", totals[2])?;
+    out.set_item("fallbacks", fallbacks.into_pyobject(py)?)?;
+    out.set_item("functions", per_function)?;
     out.set_item("host_pool", crate::host_memory::host_pool_stats(py)?)?;
     Ok(out)
 }
 
-/// Sets every counter back to zero.
+/// Sets every counter back to zero, and forgets the names of functions that no longer live.
 #[pyfunction]
 pub fn reset_stats() {
-    for cell in [&CACHE_HITS, &CACHE_MISSES, &COMPILES] {
-        cell.store(0, Ordering::Relaxed);
+    OTHERS.reset();
+    let mut functions = lock(&FUNCTIONS);
+    functions.retain(|_, stats| Arc::strong_count(stats) > 1);
+    for stats in functions.values() {
+        stats.reset();
     }
-    FALLBACKS
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .clear();
+    drop(functions);
     crate::host_memory::reset_host_pool_counters();
 }
 
 /// Counts backend compiles that no cache miss reported (`compile_hlo`'s).
 #[pyfunction]
 pub fn count_compiles(n: u64) {
-    count(Counter::Compile(n));
+    OTHERS.count(Counter::Compile(n));
 }
 
 /// Counts a fallback from Python code paths (`fastpjit.stats()["fallbacks"][reason]`).

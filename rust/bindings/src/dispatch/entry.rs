@@ -22,7 +22,6 @@ use super::miss::{Conversion, FastPath};
 use super::signature::{CallSignature, LeafKey, LiveCall};
 use super::tree::Tree;
 use crate::process_local::make_array_from_process_local_leaf;
-use crate::stats::count_fallback;
 use crate::transfer::{deleted_error, HostInput};
 
 /// How one flat argument becomes an executable input.
@@ -31,7 +30,8 @@ enum Input {
     Dropped,
     /// An array on the executable's input sharding.
     Pass,
-    /// An array on another single device than the executable's one, copied there by jaxlib.
+    /// An array whose shards jaxlib copies to the executable's devices as they are (from another
+    /// single device, or the same tiles over devices in another order).
     Copy(CopyInput),
     /// An array elsewhere, which JAX moves to this sharding.
     Move(Py<PyAny>),
@@ -47,6 +47,37 @@ enum Input {
 
 /// The device lists, shardings and copy semantics that jaxlib's batched copy takes.
 type CopyTargets = (Py<PyAny>, Py<PyAny>, Py<PyAny>);
+
+impl Input {
+    /// How `leaf`, an array on sharding `own`, becomes an input on `sharding` (JAX's
+    /// `array_input` says); `donated` if the executable consumes it.
+    fn of_array(
+        h: &Handles,
+        leaf: &Bound<'_, PyAny>,
+        own: &Bound<'_, PyAny>,
+        sharding: Py<PyAny>,
+        donated: bool,
+    ) -> PyResult<Self> {
+        let py = leaf.py();
+        let ndim = leaf.getattr(intern!(py, "ndim"))?;
+        let (how, copy): (String, Option<CopyTargets>) = h
+            .array_input
+            .bind(py)
+            .call1((own, &sharding, ndim))?
+            .extract()?;
+        Ok(match (how.as_str(), copy) {
+            ("pass", _) => Self::Pass,
+            ("copy", Some(targets)) => {
+                let nbytes: usize = leaf.getattr(intern!(py, "nbytes"))?.extract()?;
+                Self::Copy(CopyInput {
+                    targets,
+                    latest: (!donated && nbytes <= KEPT_COPY_BYTES).then(Mutex::default),
+                })
+            }
+            _ => Self::Move(sharding),
+        })
+    }
+}
 
 /// An array argument that jaxlib copies to the executable's device, with the copy of the
 /// latest array passed again (see `LatestCopy`).
@@ -146,21 +177,7 @@ impl Entry {
             }
             inputs.push(match key {
                 LeafKey::Array { sharding: own, .. } => {
-                    let (how, copy): (String, Option<CopyTargets>) =
-                        h.array_input.bind(py).call1((own, &sharding))?.extract()?;
-                    match (how.as_str(), copy) {
-                        ("pass", _) => Input::Pass,
-                        ("copy", Some(targets)) => {
-                            let nbytes: usize =
-                                leaves[j].getattr(intern!(py, "nbytes"))?.extract()?;
-                            Input::Copy(CopyInput {
-                                targets,
-                                latest: (!fast.donated[j] && nbytes <= KEPT_COPY_BYTES)
-                                    .then(Mutex::default),
-                            })
-                        }
-                        _ => Input::Move(sharding),
-                    }
+                    Input::of_array(h, &leaves[j], own.bind(py), sharding, fast.donated[j])?
                 }
                 LeafKey::Host { .. } | LeafKey::Scalar(_) => Input::Host(HostArg {
                     host: HostInput::new(&leaves[j], sharding.bind(py))?,
@@ -208,14 +225,13 @@ impl Entry {
         })
     }
 
-    /// Runs the executable on a call's leaves; `moved` is the reason counted for each
-    /// argument that JAX moves.
+    /// Runs the executable on a call's leaves; sets `moved` where JAX moved an argument.
     pub fn run<'py>(
         &self,
         py: Python<'py>,
         h: &Handles,
         call: &LiveCall<'_, 'py>,
-        moved: &str,
+        moved: &mut bool,
     ) -> PyResult<Bound<'py, PyAny>> {
         let (leaves, keys) = (call.leaves(), &call.keys[..]);
         let inputs = if self.passthrough {
@@ -247,7 +263,7 @@ impl Entry {
                     }
                     Input::Move(sharding) => {
                         check_live(h, leaf, j)?;
-                        count_fallback(moved);
+                        *moved = true;
                         inputs.push(h.shard_arg.bind(py).call1((leaf, sharding))?);
                     }
                     Input::Host(host) => {

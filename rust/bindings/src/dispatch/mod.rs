@@ -27,7 +27,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString, PyTuple};
 use pyo3::PyTraverseError;
 
-use crate::stats::{count, count_fallback, Counter};
+use crate::stats::{Counter, FunctionStats};
 use context::LiveContext;
 use entry::Entry;
 use handles::{handles, Handles};
@@ -113,17 +113,14 @@ const TREES: usize = 16;
 /// latest calls, so that alternating signatures are found without hashing either.
 const RECENT: usize = 4;
 
-/// The dispatcher behind `fastpjit.jit`, `fastpjit.pmap` and compiled (AOT) functions;
-/// Python subclasses add `lower`, `trace`, ...
-#[pyclass(module = "fastpjit._core", subclass, frozen)]
-pub struct JitFunction {
-    /// JAX's callable for the same computation (`jax.jit(f)`, or a `Compiled`): it runs every
-    /// call that JAX must handle (tracers, `disable_jit`, effects).
-    fallback: Mutex<Option<Py<PyAny>>>,
-    /// `miss(args, kwargs) -> CacheMiss`: the cache miss.
-    miss: Mutex<Option<Py<PyAny>>>,
+/// What the functions of one Python function and options share, as JAX's jit functions share
+/// its cache: the cache entries, the latest calls' trees and arrays, and the function's
+/// counters. A new `jit(f)` of a function already wrapped finds the executables of the others.
+#[pyclass(module = "fastpjit._core", frozen)]
+pub struct DispatchCache {
     statics: StaticArgs,
     reasons: Reasons,
+    stats: Arc<FunctionStats>,
     cache: Mutex<LruBuckets<Arc<Cached>>>,
     /// The entries of the latest hits and misses, most recent first, tried before the cache:
     /// calls tend to repeat.
@@ -135,6 +132,26 @@ pub struct JitFunction {
     /// Whether calls are keyed by JAX's jit key; not those of a compiled foreign module,
     /// which depends on no configuration and which no trace can stage.
     keyed_by_context: bool,
+}
+
+/// The dispatcher behind `fastpjit.jit`, `fastpjit.pmap` and compiled (AOT) functions;
+/// Python subclasses add `lower`, `trace`, ...
+#[pyclass(module = "fastpjit._core", subclass, frozen)]
+pub struct JitFunction {
+    /// JAX's callable for the same computation (`jax.jit(f)`, or a `Compiled`): it runs every
+    /// call that JAX must handle (tracers, `disable_jit`, effects).
+    fallback: Mutex<Option<Py<PyAny>>>,
+    /// `miss(args, kwargs) -> CacheMiss`: the cache miss.
+    miss: Mutex<Option<Py<PyAny>>>,
+    shared: Py<DispatchCache>,
+}
+
+impl std::ops::Deref for JitFunction {
+    type Target = DispatchCache;
+
+    fn deref(&self) -> &DispatchCache {
+        self.shared.get()
+    }
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -160,7 +177,8 @@ impl JitFunction {
         args: &Bound<'py, PyTuple>,
         kwargs: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        count_fallback(reason);
+        self.count_fallback(reason);
+        self.stats.count(Counter::JaxCall);
         Self::callable(py, &self.fallback)?.call(args, kwargs)
     }
 
@@ -285,7 +303,7 @@ impl JitFunction {
         if !self.with_seen(|seen| Self::holds_arrays(h, seen, args, &signature.leaves))? {
             return Ok(None);
         }
-        count(Counter::CacheHit);
+        self.stats.count(Counter::CacheHit);
         entry.run_arrays(h, args).map(Some)
     }
 
@@ -363,7 +381,7 @@ impl JitFunction {
         args: &Bound<'py, PyTuple>,
         kwargs: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        count(Counter::CacheMiss);
+        self.stats.count(Counter::CacheMiss);
         let hash = signature.hash;
         let cached = Arc::new(Cached {
             signature,
@@ -402,18 +420,18 @@ impl JitFunction {
             .call1((args, kwargs))?
             .cast_into::<CacheMiss>()?;
         let miss = miss.get();
-        count(Counter::Compile(miss.compiles));
+        self.stats.count(Counter::Compile(miss.compiles));
         let kind = &self.reasons.kind;
         let outcome = match &miss.fast_path {
             None => {
                 let why = miss.jax_reason.as_deref().unwrap_or("no reason given");
                 let reason = format!("{kind}: JAX runs the call: {why}");
-                count_fallback(&reason);
+                self.count_fallback(&reason);
                 Outcome::Jax(reason)
             }
             Some(fast) => {
                 if let Some(why) = &miss.jax_reason {
-                    count_fallback(&format!("{kind}: JAX compiled the call: {why}"));
+                    self.count_fallback(&format!("{kind}: JAX compiled the call: {why}"));
                 }
                 Outcome::Run(Entry::new(py, h, fast.get(), &cached.signature, leaves)?)
             }
@@ -424,13 +442,29 @@ impl JitFunction {
     }
 }
 
+impl DispatchCache {
+    /// Counts a fallback of this function's, with its reason.
+    fn count_fallback(&self, reason: &str) {
+        self.stats.count_fallback(reason);
+    }
+
+    fn clear(&self) {
+        let entries = lock(&self.cache).drain();
+        let recent = std::mem::take(&mut *lock(&self.recent));
+        let trees = std::mem::take(&mut *lock(&self.trees));
+        let seen = std::mem::take(&mut *lock(&self.seen));
+        drop((entries, recent, trees, seen));
+    }
+}
+
 #[pymethods]
-impl JitFunction {
+impl DispatchCache {
+    /// An empty cache for the functions named `name` (in `fastpjit.stats()`), whose static
+    /// arguments are these, of `kind` (`"jit"`, `"pmap"`, ...).
     #[new]
-    #[pyo3(signature = (fallback, miss, static_argnums, static_argnames, kind = "jit", capacity = 4096, context = true))]
+    #[pyo3(signature = (name, static_argnums, static_argnames, kind = "jit", capacity = 4096, context = true))]
     fn new(
-        fallback: Py<PyAny>,
-        miss: Py<PyAny>,
+        name: &str,
         static_argnums: Vec<isize>,
         static_argnames: Vec<Py<PyString>>,
         kind: &str,
@@ -438,19 +472,74 @@ impl JitFunction {
         context: bool,
     ) -> Self {
         Self {
-            fallback: Mutex::new(Some(fallback)),
-            miss: Mutex::new(Some(miss)),
             statics: StaticArgs {
                 argnums: static_argnums,
                 argnames: static_argnames,
             },
             reasons: Reasons::of(kind),
+            stats: FunctionStats::named(name),
             cache: Mutex::new(LruBuckets::new(capacity)),
             recent: Mutex::new(Vec::with_capacity(RECENT)),
             trees: Mutex::new(Vec::new()),
             seen: Mutex::new(SeenArrays::default()),
             keyed_by_context: context,
         }
+    }
+
+    /// Forgets every cached executable.
+    #[pyo3(name = "_clear")]
+    fn py_clear(&self) {
+        self.clear();
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        for name in &self.statics.argnames {
+            visit.call(name)?;
+        }
+        // What an entry holds that may lead back to a function: the caller's objects (static
+        // arguments, dict keys, pytree node types and data) and the output tree.
+        if let Ok(cache) = self.cache.try_lock() {
+            for cached in cache.values() {
+                cached.signature.traverse(&visit)?;
+                if let Some(Outcome::Run(entry)) = cached.outcome.get() {
+                    entry.traverse(&visit)?;
+                }
+            }
+        }
+        if let Ok(trees) = self.trees.try_lock() {
+            for tree in trees.iter() {
+                tree.traverse(&visit)?;
+            }
+        }
+        if let Ok(seen) = self.seen.try_lock() {
+            seen.traverse(&visit)?;
+        }
+        Ok(())
+    }
+
+    fn __clear__(&self) {
+        self.clear();
+    }
+}
+
+#[pymethods]
+impl JitFunction {
+    /// A function that dispatches through `cache`: `fallback` runs the calls that JAX must
+    /// run, and `miss(args, kwargs)` the cache misses.
+    #[new]
+    fn new(fallback: Py<PyAny>, miss: Py<PyAny>, cache: Py<DispatchCache>) -> Self {
+        Self {
+            fallback: Mutex::new(Some(fallback)),
+            miss: Mutex::new(Some(miss)),
+            shared: cache,
+        }
+    }
+
+    /// The cache that this function shares with the other functions of its function and
+    /// options.
+    #[getter(_dispatch_cache)]
+    fn dispatch_cache(&self, py: Python<'_>) -> Py<DispatchCache> {
+        self.shared.clone_ref(py)
     }
 
     #[pyo3(signature = (*args, **kwargs))]
@@ -510,20 +599,24 @@ impl JitFunction {
             };
             match cached.outcome.get() {
                 Some(Outcome::Run(entry)) => {
-                    count(Counter::CacheHit);
+                    this.stats.count(Counter::CacheHit);
                     // The latest entry is the most recently used already: neither its stamp
                     // nor the list of recent entries needs writing.
                     if !latest.as_ref().is_some_and(|l| Arc::ptr_eq(l, &cached)) {
                         cached.used.mark();
                         this.note_recent(&cached);
                     }
-                    let out = match entry.run(py, h, &call, &this.reasons.moved) {
+                    let mut moved = false;
+                    let out = match entry.run(py, h, &call, &mut moved) {
                         Err(err) if err.is_instance_of::<PyOverflowError>(py) => {
                             // A Python int too large for its dtype: JAX's path names it.
                             return this.to_jax(py, &this.reasons.overflow, args, kwargs);
                         }
                         out => out?,
                     };
+                    if moved {
+                        this.count_fallback(&this.reasons.moved);
+                    }
                     if let Some(hook) = call.context.post_hook() {
                         let kwargs = kwargs.map_or_else(|| PyDict::new(py), Clone::clone);
                         hook.call1((slf, args, kwargs, &out))?;
@@ -553,14 +646,10 @@ impl JitFunction {
         lock(&self.seen).held()
     }
 
-    /// Forgets every cached executable.
+    /// Forgets every cached executable (of every function that shares them).
     #[pyo3(name = "_clear_cache")]
     fn clear_cache(&self) {
-        let entries = lock(&self.cache).drain();
-        let recent = std::mem::take(&mut *lock(&self.recent));
-        let trees = std::mem::take(&mut *lock(&self.trees));
-        let seen = std::mem::take(&mut *lock(&self.seen));
-        drop((entries, recent, trees, seen));
+        self.clear();
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
@@ -569,34 +658,12 @@ impl JitFunction {
                 visit.call(callable.as_ref())?;
             }
         }
-        for name in &self.statics.argnames {
-            visit.call(name)?;
-        }
-        // What an entry holds that may lead back to this function: the caller's objects
-        // (static arguments, dict keys, pytree node types and data) and the output tree.
-        if let Ok(cache) = self.cache.try_lock() {
-            for cached in cache.values() {
-                cached.signature.traverse(&visit)?;
-                if let Some(Outcome::Run(entry)) = cached.outcome.get() {
-                    entry.traverse(&visit)?;
-                }
-            }
-        }
-        if let Ok(trees) = self.trees.try_lock() {
-            for tree in trees.iter() {
-                tree.traverse(&visit)?;
-            }
-        }
-        if let Ok(seen) = self.seen.try_lock() {
-            seen.traverse(&visit)?;
-        }
-        Ok(())
+        visit.call(&self.shared)
     }
 
     fn __clear__(&self) {
         let callables = [lock(&self.fallback).take(), lock(&self.miss).take()];
         drop(callables);
-        self.clear_cache();
     }
 }
 

@@ -1,0 +1,69 @@
+"""One dispatch cache per function and options, as JAX keys its jit caches: a new wrapper of a
+function wrapped before with the same options (`jit(f)(x)` in a loop) finds the executables
+that the earlier wrappers compiled."""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import Any
+
+from fastpjit import _jax
+
+__all__ = ["SharedCaches"]
+
+
+class SharedCaches:
+    """Dispatch caches by function and options. A function is held weakly, so its caches go
+    with it; each function keeps those of its latest `OPTION_SETS` option sets, and
+    `jax.clear_caches()` empties them all. A function that cannot be held weakly or hashed,
+    or options that cannot be hashed, get a cache of their own."""
+
+    OPTION_SETS = 16
+
+    def __init__(self) -> None:
+        self._caches: weakref.WeakKeyDictionary[Any, OrderedDict[Hashable, Any]] = (
+            weakref.WeakKeyDictionary())
+        self._lock = threading.Lock()
+        _jax.clear_with_jax_caches(self)
+
+    def get(self, fun: Any, options: Any, make: Callable[[], Any]) -> Any:
+        """The cache of `fun` with `options`, made by `make` if there is none."""
+        key = _frozen(options)
+        try:
+            hash(key)
+            with self._lock:
+                caches = self._caches.get(fun)
+                found = None if caches is None else caches.get(key)
+                if found is not None:
+                    caches.move_to_end(key)  # type: ignore[union-attr]
+                    return found
+        except TypeError:
+            return make()
+        cache = make()
+        with self._lock:
+            caches = self._caches.setdefault(fun, OrderedDict())
+            caches[key] = cache
+            while len(caches) > self.OPTION_SETS:
+                caches.popitem(last=False)
+        return cache
+
+    def _clear_cache(self) -> None:
+        with self._lock:
+            caches = [c for per_function in self._caches.values() for c in per_function.values()]
+            self._caches.clear()
+        for cache in caches:
+            cache._clear()
+
+
+def _frozen(value: Any) -> Any:
+    """`value` with its lists, tuples, dicts and sets as hashable tuples, kept apart by type."""
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, *map(_frozen, value))
+    if isinstance(value, dict):
+        return ("dict", *((k, _frozen(v)) for k, v in value.items()))
+    if isinstance(value, (set, frozenset)):
+        return ("set", frozenset(value))
+    return value

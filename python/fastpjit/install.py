@@ -1,0 +1,84 @@
+"""fastpjit under code that you don't own: `install()` puts fastpjit's jit, pmap and pjit where
+programs and libraries look JAX's up (`jax.jit`, `jax.pmap`, `jax.experimental.pjit.pjit`), and
+`uninstall()` puts JAX's back.
+
+Code that looks the name up when it runs (`jax.jit(f)`, flax's `nnx.jit`, optax) goes through
+fastpjit from then on. Code that bound the name when it was imported (`from jax import jit`)
+keeps what it bound: install before importing it, or run the program with
+`python -m fastpjit run`, which installs before the program starts.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from types import ModuleType, TracebackType
+from typing import Any
+
+__all__ = ["Installed", "install", "installed", "uninstall"]
+
+# Where JAX's functions are looked up, and fastpjit's function for each.
+_SITES = (("jax", "jit", "jit"), ("jax", "pmap", "pmap"),
+          ("jax.experimental.pjit", "pjit", "pjit"))
+# A name that its module serves through its `__getattr__` (a deprecated one), not its dict.
+_MISSING: Any = object()
+
+_lock = threading.Lock()
+# While installed: each site's module, name and original value.
+_originals: list[tuple[ModuleType, str, Any]] | None = None
+
+
+class Installed:
+    """What `install()` returns: as a context manager, it puts JAX's functions back on exit
+    if that `install()` was the one that substituted them."""
+
+    def __init__(self, substituted: bool):
+        self.substituted = substituted
+
+    def __enter__(self) -> Installed:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        if self.substituted:
+            uninstall()
+
+
+def install() -> Installed:
+    """Substitutes fastpjit.jit, pmap and pjit for jax.jit, jax.pmap and
+    jax.experimental.pjit.pjit. Installing twice changes nothing; `with fastpjit.install():`
+    uninstalls on exit."""
+    global _originals
+    from fastpjit.jit import jit, pjit
+    from fastpjit.pmap import pmap
+
+    ours = {"jit": jit, "pmap": pmap, "pjit": pjit}
+    with _lock:
+        if _originals is not None:
+            return Installed(substituted=False)
+        originals = []
+        for module_name, name, our_name in _SITES:
+            module = importlib.import_module(module_name)
+            originals.append((module, name, vars(module).get(name, _MISSING)))
+            setattr(module, name, ours[our_name])
+        _originals = originals
+    return Installed(substituted=True)
+
+
+def uninstall() -> None:
+    """Puts JAX's jit, pmap and pjit back where `install()` substituted them."""
+    global _originals
+    with _lock:
+        if _originals is None:
+            return
+        for module, name, original in _originals:
+            if original is _MISSING:
+                vars(module).pop(name, None)
+            else:
+                setattr(module, name, original)
+        _originals = None
+
+
+def installed() -> bool:
+    """Whether fastpjit is installed in JAX's place."""
+    return _originals is not None

@@ -1,0 +1,476 @@
+"""fastpjit under code that nobody here wrote: `fastpjit.install()` and plain substitution
+(`jax.jit = fastpjit.jit`) under flax, optax and plain JAX training loops, one dispatch cache
+per function and options, compile counts against JAX's, `python -m fastpjit run`, and
+fallbacks counted per call with the function's name. JAX, run the same way without fastpjit,
+is the oracle: parameters and losses must be bitwise equal."""
+
+from __future__ import annotations
+
+import functools
+import subprocess
+import sys
+import textwrap
+from typing import Any
+
+import jax
+import jax.experimental.pjit as pjit_module
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import fastpjit
+from fastpjit import _jax
+
+JAX_JIT, JAX_PMAP = _jax.jax_jit, _jax.jax_pmap
+
+
+def counts(name: str) -> dict[str, Any]:
+    """fastpjit.stats() of the function whose qualified name is or ends with `name`."""
+    for qualname, found in fastpjit.stats()["functions"].items():
+        if qualname == name or qualname.endswith("." + name):
+            return found
+    return {"calls": 0, "cache_hits": 0, "cache_misses": 0, "compiles": 0, "fallbacks": {}}
+
+
+def bitwise_equal(ours: Any, theirs: Any) -> None:
+    ours_leaves, ours_tree = jax.tree.flatten(ours)
+    theirs_leaves, theirs_tree = jax.tree.flatten(theirs)
+    assert ours_tree == theirs_tree
+    for a, b in zip(ours_leaves, theirs_leaves, strict=True):
+        a, b = np.asarray(a), np.asarray(b)
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert a.tobytes() == b.tobytes()
+
+
+@pytest.fixture(autouse=True)
+def _uninstalled():
+    fastpjit.uninstall()
+    yield
+    fastpjit.uninstall()
+    assert jax.jit is JAX_JIT and jax.pmap is JAX_PMAP
+
+
+# --- Substitution ----------------------------------------------------------------------------
+
+
+def test_install_substitutes_and_uninstall_restores():
+    assert not fastpjit.installed()
+    with fastpjit.install():
+        assert fastpjit.installed()
+        assert jax.jit is fastpjit.jit and jax.pmap is fastpjit.pmap
+        assert pjit_module.pjit is fastpjit.pjit
+        with fastpjit.install():  # nested: the outer one restores
+            pass
+        assert jax.jit is fastpjit.jit
+    assert not fastpjit.installed()
+    assert jax.jit is JAX_JIT and jax.pmap is JAX_PMAP
+    assert "pjit" not in vars(pjit_module)  # served by the module's deprecation __getattr__ again
+    fastpjit.install()
+    fastpjit.uninstall()
+    fastpjit.uninstall()
+    assert jax.jit is JAX_JIT
+
+
+@pytest.mark.parametrize("site", ["jit", "pmap", "pjit"])
+def test_plain_substitution_does_not_recurse_and_hits(site, monkeypatch, request):
+    x = np.arange(8.0, dtype=np.float32).reshape(8, 1)
+    if site == "pjit":
+        pjit_module.pjit = fastpjit.pjit  # as a user writes it
+        request.addfinalizer(lambda: vars(pjit_module).pop("pjit"))
+        wrap = pjit_module.pjit
+    else:
+        monkeypatch.setattr(jax, site, getattr(fastpjit, site))
+        wrap = getattr(jax, site)
+
+    def double_it(v):
+        return v * 2
+
+    f = wrap(double_it)
+    before = counts("test_plain_substitution_does_not_recurse_and_hits.<locals>.double_it")
+    for _ in range(3):
+        np.testing.assert_array_equal(f(x), np.asarray(x) * 2)
+    after = counts("test_plain_substitution_does_not_recurse_and_hits.<locals>.double_it")
+    assert after["cache_hits"] - before["cache_hits"] == 2
+    assert after["fallbacks"] == before["fallbacks"]
+
+
+def test_jax_s_own_functions_under_install_do_not_recurse():
+    with fastpjit.install():
+        key = jax.random.key(0)
+        values = jax.random.normal(key, (4,))
+        assert jnp.allclose(jax.nn.softmax(values).sum(), 1.0)
+        g = jax.jit(jax.grad(lambda v: jnp.sum(jnp.tanh(v))))
+        np.testing.assert_allclose(g(values), 1 - np.tanh(np.asarray(values)) ** 2, rtol=1e-6)
+
+
+def test_a_module_binds_jit_when_it_is_imported(tmp_path, monkeypatch):
+    """`from jax import jit` binds JAX's name at import: a module imported before install()
+    keeps JAX's jit, one imported after gets fastpjit's."""
+    for name in ("bound_before", "bound_after"):
+        (tmp_path / f"{name}.py").write_text("from jax import jit\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import bound_before
+    with fastpjit.install():
+        import bound_after
+    assert bound_before.jit is JAX_JIT
+    assert bound_after.jit is fastpjit.jit
+
+
+# --- Real code: flax, optax, a plain training loop -------------------------------------------
+
+
+def _nnx_training(steps: int) -> tuple[Any, list[np.ndarray]]:
+    import optax
+    from flax import nnx
+
+    class MLP(nnx.Module):
+        def __init__(self, rngs: nnx.Rngs):
+            self.hidden = nnx.Linear(4, 16, rngs=rngs)
+            self.out = nnx.Linear(16, 1, rngs=rngs)
+
+        def __call__(self, x: Any) -> Any:
+            return self.out(nnx.relu(self.hidden(x)))
+
+    model = MLP(nnx.Rngs(0))
+    optimizer = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
+
+    @nnx.jit
+    def nnx_train_step(model: Any, optimizer: Any, x: Any, y: Any) -> Any:
+        def loss_fn(m: Any) -> Any:
+            return jnp.mean((m(x) - y) ** 2)
+
+        loss, grads = nnx.value_and_grad(loss_fn)(model)
+        optimizer.update(model, grads)
+        return loss
+
+    rng = np.random.default_rng(0)
+    losses = []
+    for _ in range(steps):
+        x = rng.standard_normal((16, 4)).astype(np.float32)
+        y = rng.standard_normal((16, 1)).astype(np.float32)
+        losses.append(np.asarray(nnx_train_step(model, optimizer, x, y)))
+    return nnx.state(model, nnx.Param), losses
+
+
+@pytest.mark.timeout(120)
+def test_flax_nnx_training_with_optax_under_install_is_bitwise_jax_s():
+    theirs = _nnx_training(12)
+    before = counts("nnx_train_step")
+    with fastpjit.install():
+        ours = _nnx_training(12)
+    bitwise_equal(ours, theirs)
+    after = counts("nnx_train_step")
+    assert after["calls"] - before["calls"] == 12
+    assert after["cache_hits"] - before["cache_hits"] >= 11  # every step after the first
+    assert after["fallbacks"] == before["fallbacks"]
+
+
+def _linen_pmap_training(steps: int) -> tuple[Any, list[np.ndarray]]:
+    import flax.linen as nn
+    import optax
+
+    class Dense(nn.Module):
+        @nn.compact
+        def __call__(self, x: Any) -> Any:
+            return nn.Dense(1)(nn.tanh(nn.Dense(8)(x)))
+
+    model, tx = Dense(), optax.sgd(0.1)
+    n = jax.local_device_count()
+    params = model.init(jax.random.key(1), jnp.ones((2, 3)))
+    opt_state = tx.init(params)
+
+    def linen_pmap_step(params: Any, opt_state: Any, x: Any, y: Any) -> Any:
+        def loss_fn(p: Any) -> Any:
+            return jnp.mean((model.apply(p, x) - y) ** 2)
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        grads = jax.lax.pmean(grads, "devices")
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, jax.lax.psum(loss, "devices")
+
+    step = jax.pmap(linen_pmap_step, axis_name="devices")
+    params, opt_state = jax.tree.map(lambda v: np.stack([np.asarray(v)] * n), (params, opt_state))
+    rng = np.random.default_rng(1)
+    losses = []
+    for _ in range(steps):
+        x = rng.standard_normal((n, 2, 3)).astype(np.float32)
+        y = rng.standard_normal((n, 2, 1)).astype(np.float32)
+        params, opt_state, loss = step(params, opt_state, x, y)
+        losses.append(np.asarray(loss))
+    return params, losses
+
+
+@pytest.mark.timeout(120)
+def test_flax_linen_under_pmap_with_psum_under_install_is_bitwise_jax_s():
+    theirs = _linen_pmap_training(6)
+    name = "_linen_pmap_training.<locals>.linen_pmap_step"
+    before = counts(name)
+    with fastpjit.install():
+        ours = _linen_pmap_training(6)
+    bitwise_equal(ours, theirs)
+    after = counts(name)
+    assert after["calls"] - before["calls"] == 6
+    # The first call takes replicated inputs, the next ones the step's own outputs.
+    assert after["cache_hits"] - before["cache_hits"] >= 4
+    assert after["fallbacks"] == before["fallbacks"]
+
+
+def _plain_training(steps: int) -> tuple[Any, list[np.ndarray]]:
+    def plain_train_step(params: Any, key: Any, x: Any, y: Any) -> Any:
+        key, dropout_key = jax.random.split(key)
+        keep = jax.random.bernoulli(dropout_key, 0.9, x.shape)
+
+        def loss_fn(p: Any) -> Any:
+            w, b = p
+            return jnp.mean((jnp.where(keep, x, 0.0) @ w + b - y) ** 2)
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        return jax.tree.map(lambda p, g: p - 0.05 * g, params, grads), key, loss
+
+    step = jax.jit(plain_train_step, donate_argnums=(0,))
+    params = (jnp.zeros((4, 1)), jnp.zeros((1,)))
+    key = jax.random.key(3)
+    rng = np.random.default_rng(2)
+    losses = []
+    for _ in range(steps):
+        x = rng.standard_normal((32, 4)).astype(np.float32)
+        y = x @ np.arange(1.0, 5.0, dtype=np.float32)[:, None]
+        params, key, loss = step(params, key, x, y)
+        losses.append(np.asarray(loss))
+    return params, losses
+
+
+@pytest.mark.timeout(120)
+def test_a_plain_jit_training_loop_with_numpy_batches_and_a_key_is_bitwise_jax_s():
+    theirs = _plain_training(20)
+    name = "_plain_training.<locals>.plain_train_step"
+    before = counts(name)
+    with fastpjit.install():
+        ours = _plain_training(20)
+    bitwise_equal(ours, theirs)
+    after = counts(name)
+    assert after["calls"] - before["calls"] == 20
+    assert after["cache_hits"] - before["cache_hits"] == 19
+    # JAX compiles programs of PRNG keys (the miss's one fallback); the steps are fastpjit's.
+    new = {r: n - before["fallbacks"].get(r, 0) for r, n in after["fallbacks"].items()}
+    assert {r: n for r, n in new.items() if n} == {
+        "jit: JAX compiled the call: tokens or extended dtypes (PRNG keys)": 1}
+
+
+# --- One cache per function and options ------------------------------------------------------
+
+
+def rewrapped_in_a_loop(v: Any) -> Any:
+    return v * 3 + 1
+
+
+@pytest.mark.parametrize("wrap", [fastpjit.jit, fastpjit.pjit,
+                                  functools.partial(fastpjit.jit, donate_argnums=())])
+def test_jit_applied_again_in_a_loop_hits_and_compiles_once(wrap):
+    x = jnp.arange(4.0)
+    name = "rewrapped_in_a_loop"
+    fastpjit.jit(rewrapped_in_a_loop).clear_cache()
+    before, compiles = counts(name), _jax.backend_compiles()
+    for _ in range(10):
+        np.testing.assert_array_equal(wrap(rewrapped_in_a_loop)(x), np.asarray(x) * 3 + 1)
+    after = counts(name)
+    assert after["cache_misses"] - before["cache_misses"] <= 1
+    assert after["cache_hits"] - before["cache_hits"] >= 9
+    assert _jax.backend_compiles() - compiles <= 1
+
+
+def test_other_options_get_another_cache_and_a_dead_wrapper_frees_nothing_in_use():
+    def shared(v, n):
+        return v * n
+
+    x = jnp.arange(4.0)
+    first = fastpjit.jit(shared, static_argnums=1)
+    first(x, 2)
+    second = fastpjit.jit(shared, static_argnums=1)
+    assert second.cache_size() == 1  # the same cache
+    other = fastpjit.jit(shared, static_argnums=(1,), donate_argnums=0)
+    assert other.cache_size() == 0
+    del first
+    before = counts(shared.__qualname__)
+    np.testing.assert_array_equal(second(x, 2), np.asarray(x) * 2)
+    assert counts(shared.__qualname__)["cache_hits"] == before["cache_hits"] + 1
+
+
+def test_pmap_applied_again_in_a_loop_hits():
+    def pmapped_again(v):
+        return v + 1
+
+    x = jnp.arange(8.0)
+    before = counts(pmapped_again.__qualname__)
+    for _ in range(5):
+        fastpjit.pmap(pmapped_again)(x)
+    after = counts(pmapped_again.__qualname__)
+    assert after["cache_misses"] - before["cache_misses"] == 1
+    assert after["cache_hits"] - before["cache_hits"] == 4
+
+
+# --- Compile counts against JAX's ------------------------------------------------------------
+
+COMPILE_COUNT_CHILD = """
+import sys
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+import fastpjit
+from fastpjit import _jax
+
+jit = jax.jit if sys.argv[1] == "jax" else fastpjit.jit
+mesh = jax.make_mesh((8,), ("batch",), axis_types=(AxisType.Explicit,))
+
+def loss(params, batch):
+    w, b = params
+    return jnp.mean((batch @ w + b) ** 2)
+
+def update(params, batch):
+    grads = jax.grad(loss)(params, batch)
+    return [p - 0.01 * g for p, g in zip(params, grads)]
+
+compiles = []
+with jax.set_mesh(mesh):
+    replicated = NamedSharding(mesh, P())
+    params = [jax.device_put(jnp.ones((4, 4)), replicated),
+              jax.device_put(jnp.zeros((4,)), replicated)]
+    step = jit(update)
+    for i in range(4):
+        batch = jax.device_put(np.full((16, 4), i, np.float32), NamedSharding(mesh, P("batch")))
+        before = _jax.backend_compiles()
+        params = step(params, batch)
+        compiles.append(_jax.backend_compiles() - before)
+# Matrix patterns: a weak-typed scalar and a strong one, alternating dtypes, a rewrapped jit.
+f = jit(lambda v, s: v * s)
+for s in (1.0, 2.0, np.float32(1.0), 3, jnp.float32(2.0)):
+    before = _jax.backend_compiles()
+    f(jnp.ones(4), s)
+    compiles.append(_jax.backend_compiles() - before)
+for dtype in (np.float32, np.int32, np.float32, np.int32):
+    before = _jax.backend_compiles()
+    f(jnp.ones(4, dtype), 1)
+    compiles.append(_jax.backend_compiles() - before)
+print(compiles)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_compile_counts_never_exceed_jax_s():
+    """Explicit mesh axes, replicated parameters and a sharded batch, the second call passing
+    the first call's outputs (JAX's spmd_mnist example): the second signature lowers to the
+    same program, which JAX compiles once. Each side runs in a fresh process."""
+    per_call = {}
+    for side in ("jax", "fastpjit"):
+        done = subprocess.run([sys.executable, "-c", COMPILE_COUNT_CHILD, side],
+                              capture_output=True, text=True, timeout=100, check=False)
+        assert done.returncode == 0, done.stderr
+        per_call[side] = eval(done.stdout.strip().splitlines()[-1])
+    assert sum(per_call["fastpjit"]) <= sum(per_call["jax"]), per_call
+    assert all(o <= t for o, t in zip(per_call["fastpjit"], per_call["jax"], strict=True)), per_call
+
+
+# --- Fallbacks counted per call, with the function's name ------------------------------------
+
+
+def test_a_moved_argument_is_one_fallback_per_call_under_the_function_s_name():
+    def moves_both(a, b):
+        return a + b
+
+    f = fastpjit.pmap(moves_both)
+    # Arrays on one device, which JAX moves to the 8 devices of the pmap on every call.
+    a, b = jnp.ones((8, 2)), jnp.zeros((8, 2))
+    f(a, b)
+    before = counts(moves_both.__qualname__)
+    for _ in range(3):
+        f(a, b)
+    after = counts(moves_both.__qualname__)
+    reason = "pmap: an argument moved to the executable's sharding by JAX"
+    assert after["fallbacks"][reason] - before["fallbacks"].get(reason, 0) == 3  # not 6
+    assert after["cache_hits"] - before["cache_hits"] == 3
+    assert after["calls"] - before["calls"] == 3
+
+
+def test_pmap_passes_a_previous_pmap_s_output_as_it_is():
+    x = jnp.arange(16.0).reshape(8, 2)
+
+    def first_pmap(v):
+        return v * 2
+
+    def second_pmap(v):
+        return v - 1
+
+    ours = fastpjit.pmap(second_pmap)(fastpjit.pmap(first_pmap)(x))
+    theirs = jax.pmap(second_pmap)(jax.pmap(first_pmap)(x))
+    y = fastpjit.pmap(first_pmap)(x)
+    g = fastpjit.pmap(second_pmap)
+    g(y)
+    before = counts(second_pmap.__qualname__)
+    for _ in range(3):
+        out = g(y)
+    after = counts(second_pmap.__qualname__)
+    assert after["cache_hits"] - before["cache_hits"] == 3
+    assert after["fallbacks"] == before["fallbacks"]
+    bitwise_equal(out, theirs)
+    bitwise_equal(ours, theirs)
+    assert out.sharding == theirs.sharding
+
+
+def test_an_equivalent_sharding_over_a_1d_mesh_passes_as_it_is():
+    mesh = jax.make_mesh((8,), ("i",))
+    other = jax.make_mesh((8,), ("j",))
+
+    def scaled(v):
+        return v * 2
+
+    f = fastpjit.jit(scaled, in_shardings=NamedSharding(mesh, P("i")))
+    x = jax.device_put(jnp.arange(16.0), NamedSharding(other, P("j")))
+    f(x)
+    before = counts(scaled.__qualname__)
+    out = f(x)
+    after = counts(scaled.__qualname__)
+    assert after["fallbacks"] == before["fallbacks"]
+    bitwise_equal(out, jax.jit(scaled, in_shardings=NamedSharding(mesh, P("i")))(x))
+
+
+# --- python -m fastpjit run ------------------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_fastpjit_run_installs_prints_the_summary_and_exits_with_the_script_s_status(tmp_path):
+    script = tmp_path / "program.py"
+    script.write_text(textwrap.dedent("""
+        import sys
+        import jax, jax.numpy as jnp
+        import fastpjit
+
+        def program_step(x):
+            return x + 1
+
+        assert jax.jit is fastpjit.jit, "not installed"
+        assert sys.argv[1:] == ["--flag", "value"], sys.argv
+        step = jax.jit(program_step)
+        x = jnp.zeros(3)
+        for _ in range(5):
+            x = step(x)
+        print("result", list(map(float, x)))
+        sys.exit(3)
+    """))
+    done = subprocess.run([sys.executable, "-m", "fastpjit", "run", str(script), "--flag",
+                           "value"], capture_output=True, text=True, timeout=100, check=False)
+    assert done.returncode == 3, done.stderr
+    assert "result [5.0, 5.0, 5.0]" in done.stdout
+    assert "fastpjit summary:" in done.stderr
+    line, = [line for line in done.stderr.splitlines() if line.startswith("program_step")]
+    assert line.split() == ["program_step", "5", "4", "1", "1", "0"]
+
+
+def test_fastpjit_run_reports_a_failing_script_s_error(tmp_path):
+    script = tmp_path / "failing.py"
+    script.write_text("raise KeyError('missing')\n")
+    done = subprocess.run([sys.executable, "-m", "fastpjit", "run", str(script)],
+                          capture_output=True, text=True, timeout=100, check=False)
+    assert done.returncode == 1
+    assert "KeyError: 'missing'" in done.stderr
+    assert "no fastpjit function was called" in done.stderr
