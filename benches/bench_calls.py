@@ -347,6 +347,88 @@ def _new_batches(fun: Any, calls: Calls, **options: Any) -> Sides:
                  check=same_result)
 
 
+def train_step(params, x, y):
+    def loss(p):
+        w, b = p
+        return jnp.mean((jnp.tanh(x @ w) + b - y) ** 2)
+
+    value, grads = jax.value_and_grad(loss)(params)
+    return jax.tree.map(lambda p, g: p - 0.01 * g, params, grads), value
+
+
+def _training_batches(kind: str, d: int, rows: int, features: int) -> Sides:
+    """A training step fed a new numpy batch (x, y) every step, as data loaders feed it: 16
+    distinct batches of `rows` × `features` float32, cycled; the parameters are the step's own
+    outputs. On 8 devices the batch is split over the devices (jit: in_shardings over a mesh;
+    pmap: a leading device axis) and the parameters replicated."""
+    rng = np.random.default_rng(0)
+    lead = (d,) if kind == "pmap" else ()
+    per = rows // d if kind == "pmap" else rows
+    batches = [(rng.standard_normal((*lead, per, features), dtype=np.float32),
+                rng.standard_normal((*lead, per, 1), dtype=np.float32)) for _ in range(16)]
+    w, b = np.full((features, 1), 0.01, np.float32), np.zeros((1,), np.float32)
+    if kind == "pmap":
+        options: dict[str, Any] = {"devices": jax.devices()[:d]}
+        params = jax.pmap(lambda v: v, **options)((np.stack([w] * d), np.stack([b] * d)))
+        ours, theirs = fastpjit.pmap(train_step, **options), jax.pmap(fresh(train_step), **options)
+        floor_fn = jax.pmap(fresh(train_step), **options)
+        miss = _jax.pmap_cache_miss(floor_fn, (params, *batches[0]), {})
+    else:
+        options = {}
+        if d > 1:
+            mesh = jax.make_mesh((d,), ("x",))
+            replicated, split = NamedSharding(mesh, P()), NamedSharding(mesh, P("x"))
+            options = {"in_shardings": ((replicated, replicated), split, split)}
+            params = jax.device_put((w, b), replicated)
+        else:
+            params = jax.device_put((w, b))
+        ours, theirs = fastpjit.jit(train_step, **options), jax.jit(fresh(train_step), **options)
+        miss = _jax.jit_cache_miss(jax.jit(fresh(train_step), **options),
+                                   (params, *batches[0]), {})
+    run = runner(miss.fast_path)
+    placed = [placed_inputs(miss.fast_path, [*jax.tree.leaves(params), x, y])
+              for x, y in batches]
+    calls = [((params, x, y), {}) for x, y in batches]
+    _check_hit(ours, calls)
+    floors = [lambda p=p: run(p) for p in placed]
+    sides = [_calls(ours, calls), _calls(theirs, calls), _cycle(floors)]
+    if has_collectives(miss.fast_path):
+        sides = [waiting(side) for side in sides]
+    return Sides(ours=sides[0], jax=sides[1], floor=sides[2], check=same_result)
+
+
+def _rewrapped(d: int) -> Sides:
+    """`jit(f)(x)` with a new jit function on every call, as code that jits inside a loop
+    does; JAX keys its cache by the function and options, so each side hits its cache."""
+    x = _array(d)
+    theirs_fun = fresh(plus_one)
+    floor = jit_floor(jax.jit(fresh(plus_one)), (x,), {})
+    _check_hit(lambda v: fastpjit.jit(plus_one)(v), [((x,), {})])
+    return Sides(ours=lambda: fastpjit.jit(plus_one)(x), jax=lambda: jax.jit(theirs_fun)(x),
+                 floor=floor, check=same_result)
+
+
+def _chained_pmaps(d: int) -> Sides:
+    """`g(f(x))`: a pmap of a previous pmap's output, on every call."""
+    options = {"devices": jax.devices()[:d]}
+    x = np.arange(d * 4, dtype=np.float32).reshape(d, 4)
+
+    def second(v):
+        return v * 2
+
+    f_ours, g_ours = fastpjit.pmap(plus_one, **options), fastpjit.pmap(second, **options)
+    f_jax, g_jax = jax.pmap(fresh(plus_one), **options), jax.pmap(fresh(second), **options)
+    f_miss = _jax.pmap_cache_miss(jax.pmap(fresh(plus_one), **options), (x,), {})
+    y = f_ours(x)
+    g_miss = _jax.pmap_cache_miss(jax.pmap(fresh(second), **options), (y,), {})
+    run_f, run_g = runner(f_miss.fast_path), runner(g_miss.fast_path)
+    x_placed = placed_inputs(f_miss.fast_path, [x])
+    x_ours = f_ours(x)  # the same input, placed, on every side: a pmap's output too
+    _check_hit(lambda v: g_ours(f_ours(v)), [((x_ours,), {})])
+    return Sides(ours=lambda: g_ours(f_ours(x_ours)), jax=lambda: g_jax(f_jax(x_ours)),
+                 floor=lambda: run_g([run_f(x_placed)]), check=same_result)
+
+
 def _threads(n: int, d: int, calls: int = THREAD_CALLS) -> Sides:
     """A burst of calls of f(x) on `n` threads at once (`calls` each), per call."""
     x = _array(d)
@@ -397,6 +479,12 @@ def _build_cases() -> list[Case]:
         cases.append(_case("f(new array) on every call", lambda d=d: _new_arrays(d), "jit", d))
         cases.append(_case("f(x, new numpy array) on every call",
                            lambda d=d: _new_host_arrays(d), "jit", d))
+        cases.append(_case("jit(f)(x): a new jit function on every call",
+                           lambda d=d: _rewrapped(d), "jit", d))
+        for rows, features, size in ((32, 16, "small"), (1024, 256, "mid-sized")):
+            cases.append(_case(
+                f"training step, a new {size} numpy batch ({rows}×{features}) every step",
+                lambda d=d, r=rows, f=features: _training_batches("jit", d, r, f), "jit", d))
     # An uncommitted array on device 0, and in_shardings on device 1: JAX's dispatch copies it
     # there in C++ on every call; fastpjit copies it with jaxlib, and uses the copy again when
     # the same array comes again. (Onto 8 devices, JAX's Python moves it, on either side, and
@@ -414,6 +502,12 @@ def _build_cases() -> list[Case]:
             cases.append(_case(name, lambda d=d, n=name: _pattern_row("pmap", n, d), "pmap", d))
         cases.append(_case("state = f(state, x), donated",
                            lambda d=d: _donation_loop("pmap", d), "pmap", d))
+        cases.append(_case("g(f(x)): a pmap of a previous pmap's output",
+                           lambda d=d: _chained_pmaps(d), "pmap", d))
+        for rows, features, size in ((32, 16, "small"), (1024, 256, "mid-sized")):
+            cases.append(_case(
+                f"training step, a new {size} numpy batch ({rows}×{features}) every step",
+                lambda d=d, r=rows, f=features: _training_batches("pmap", d, r, f), "pmap", d))
     for n in (1, 2, 8):
         cases.append(_case(f"f(x) on {n} thread{'s' if n > 1 else ''}",
                            lambda n=n: _threads(n, 1), "threads", 1))
