@@ -89,18 +89,25 @@ def _calls(f: Any, calls: list[tuple[tuple[Any, ...], dict[str, Any]]]) -> Calla
     return _cycle([lambda a=a, k=k: f(*a, **k) for a, k in calls])
 
 
+# Calls with new numpy arrays that fastpjit hands to jax.jit's C++ dispatch, which places them
+# faster (see rust/core/src/delegation.rs): counted as fallbacks of this reason.
+DELEGATED = ("jit: new numpy arrays, which JAX's C++ dispatch places for less than jaxlib's "
+             "Python API allows: JAX runs the call")
+
+
 def _check_hit(ours: Any, calls: list[tuple[tuple[Any, ...], dict[str, Any]]]) -> None:
-    """fastpjit's second round of calls: hits only, no fallback."""
+    """fastpjit's second round of calls: hits only (or calls handed to JAX's dispatch for
+    their new numpy arrays), no other fallback."""
     for args, kwargs in calls:
         ours(*args, **kwargs)
     before = fastpjit.stats()
     for args, kwargs in calls:
         ours(*args, **kwargs)
     after = fastpjit.stats()
-    hits = after["cache_hits"] - before["cache_hits"]
     fallbacks = {reason: n - before["fallbacks"].get(reason, 0)
                  for reason, n in after["fallbacks"].items()
                  if n != before["fallbacks"].get(reason, 0)}
+    hits = after["cache_hits"] - before["cache_hits"] + fallbacks.pop(DELEGATED, 0)
     if hits != len(calls) or fallbacks or after["cache_misses"] != before["cache_misses"]:
         raise CheckFailed(f"the second calls were not all hits: {hits} hits of {len(calls)}, "
                           f"fallbacks {fallbacks}")

@@ -201,6 +201,10 @@ class _JaxFunction:
         self._make, self._make_legacy = make, make_legacy
         self._made, self._legacy = made, None
 
+    def made(self) -> Any:
+        """The jax.jit function if it was made, else None."""
+        return self._made
+
     def jitted(self) -> Any:
         made = self._made
         if made is None:
@@ -235,7 +239,10 @@ _KINDS: dict[type[JitWrapped], str] = {JitWrapped: "jit", _PjitWrapped: "pjit"}
 
 def _function(kind: type[JitWrapped], fun: Callable[..., Any], jax_function: _JaxFunction,
               cache: Any, make: functools.partial[Any]) -> JitWrapped:
-    wrapped = kind(jax_function, jax_function.miss, cache)
+    # Calls that jax.jit's C++ dispatch serves faster go to it, where this wrapper has one
+    # (pjit's depends on the mesh context, and the first wrapper alone makes one).
+    jax_dispatch = jax_function.made() if kind is JitWrapped else None
+    wrapped = kind(jax_function, jax_function.miss, cache, jax_dispatch)
     wrapped._jax_function = jax_function
     functools.update_wrapper(wrapped, fun)
     # JAX's NaN and inf checks (its post-hook) rerun `_fun` without jit to find the culprit.

@@ -494,7 +494,7 @@ impl HostInput {
             dtype: dtype.clone(),
             weak_type: self.weak_type,
         };
-        put(&value, sharding, &self.plan, false)
+        put_as_jax(&value, sharding, &self.plan)
     }
 }
 
@@ -539,6 +539,28 @@ pub fn put<'py>(
         committed,
         false,
         semantics.bind(py),
+    ))
+}
+
+/// Places a host argument of a call by `plan` as JAX's dispatch places it: each device's
+/// numpy view handed to jaxlib, which adopts aligned memory and copies the rest, the copy
+/// off the calling thread. (`put` stages large tiles itself, for `device_put`, which
+/// returns the array; a call's input lives for the call only.)
+fn put_as_jax<'py>(
+    value: &HostValue<'py>,
+    sharding: &Bound<'py, PyAny>,
+    plan: &PutPlan,
+) -> PyResult<Bound<'py, PyAny>> {
+    let py = sharding.py();
+    let h = handles(py)?;
+    h.batched_device_put.bind(py).call1((
+        plan.aval.bind(py),
+        sharding,
+        slices(&value.array, plan)?,
+        plan.devices.bind(py),
+        false,
+        false,
+        h.zero_copy.bind(py),
     ))
 }
 

@@ -55,6 +55,13 @@ impl<T> KeptValues<T> {
         false
     }
 
+    /// Whether the latest values placed were all new: as many in a row as fingerprints are
+    /// kept, none seen before among them. Such values are a stream (a new batch on every
+    /// call), which keeping copies will not serve.
+    pub fn streaming(&self) -> bool {
+        self.seen.len() == KEPT_VALUES
+    }
+
     /// Keeps `copy` of the value of these bytes, first. Returns the copies that no longer
     /// are kept (an earlier copy of the same value, the least recent one), which the caller
     /// drops where it likes (freeing a device array may run other threads).
@@ -151,6 +158,23 @@ mod tests {
         let cycle = KEPT_VALUES as u32 + 1;
         for i in 0..10 * cycle {
             assert!(!values.admit(&(i % cycle).to_le_bytes()));
+        }
+    }
+
+    #[test]
+    fn new_values_on_every_call_are_a_stream_and_repeated_ones_are_not() {
+        let mut values = KeptValues::<u32>::default();
+        for i in 0..KEPT_VALUES as u32 {
+            assert!(!values.streaming());
+            values.admit(&i.to_le_bytes());
+        }
+        assert!(values.streaming());
+        let mut values = KeptValues::<u32>::default();
+        for i in 0..20u32 {
+            if values.admit(&(i % 2).to_le_bytes()) {
+                values.keep(&(i % 2).to_le_bytes(), i);
+            }
+            assert!(!values.streaming());
         }
     }
 

@@ -4,6 +4,7 @@
 //! single device) reduces to a [`TileLayout`]; [`IndexMap`] turns a layout and a global shape
 //! into per-device bounds. Nothing here touches Python, so all of it is tested with `cargo test`.
 
+pub mod delegation;
 pub mod error;
 mod hlo_lexer;
 mod hlo_parser;
@@ -17,6 +18,7 @@ pub mod process_local;
 pub mod strided;
 pub mod tile;
 
+pub use delegation::{Delegation, HitInputs};
 pub use error::ShardingError;
 pub use hlo_sharding::HloSharding;
 pub use index_map::IndexMap;

@@ -6,7 +6,7 @@
 
 use std::sync::{Mutex, PoisonError};
 
-use fastpjit_core::{KeptValues, LatestCopy};
+use fastpjit_core::{HitInputs, KeptValues, LatestCopy};
 use numpy::npyffi::{NPY_ORDER, PY_ARRAY_API};
 use numpy::{PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
@@ -17,12 +17,20 @@ use pyo3::types::{PyBool, PyComplex, PyFloat, PyInt, PyList, PyTuple, PyWeakrefR
 use pyo3::PyTraverseError;
 
 use super::handles::Handles;
-use super::leaf::{refers_to, LiveLeaf, ScalarKind};
+use super::leaf::{refers_to, HostKind, LiveLeaf, ScalarKind};
 use super::miss::{Conversion, FastPath};
 use super::signature::{CallSignature, LeafKey, LiveCall};
 use super::tree::Tree;
 use crate::process_local::make_array_from_process_local_leaf;
 use crate::transfer::{deleted_error, HostInput};
+
+/// How a hit's arguments became inputs.
+#[derive(Default)]
+pub struct Took {
+    /// Whether JAX moved an argument.
+    pub moved: bool,
+    pub inputs: HitInputs,
+}
 
 /// How one flat argument becomes an executable input.
 enum Input {
@@ -225,13 +233,14 @@ impl Entry {
         })
     }
 
-    /// Runs the executable on a call's leaves; sets `moved` where JAX moved an argument.
+    /// Runs the executable on a call's leaves; says in `took` how the arguments became
+    /// inputs.
     pub fn run<'py>(
         &self,
         py: Python<'py>,
         h: &Handles,
         call: &LiveCall<'_, 'py>,
-        moved: &mut bool,
+        took: &mut Took,
     ) -> PyResult<Bound<'py, PyAny>> {
         let (leaves, keys) = (call.leaves(), &call.keys[..]);
         let inputs = if self.passthrough {
@@ -254,6 +263,7 @@ impl Entry {
                         if self.multi_device {
                             check_live(h, leaf, j)?;
                         }
+                        took.inputs.passed += 1;
                         inputs.push(leaf.clone());
                     }
                     Input::Copy(copy) => {
@@ -263,7 +273,7 @@ impl Entry {
                     }
                     Input::Move(sharding) => {
                         check_live(h, leaf, j)?;
-                        *moved = true;
+                        took.moved = true;
                         inputs.push(h.shard_arg.bind(py).call1((leaf, sharding))?);
                     }
                     Input::Host(host) => {
@@ -271,7 +281,19 @@ impl Entry {
                             Some(guarded) => guarded,
                             None => *host_guarded.insert(h.host_transfers_guarded(py)?),
                         };
-                        inputs.push(host.place(h, leaf, key, guarded)?);
+                        let (input, streaming) = host.place(h, leaf, key, guarded)?;
+                        if streaming
+                            && matches!(
+                                key,
+                                LiveLeaf::Host {
+                                    kind: HostKind::Array,
+                                    ..
+                                }
+                            )
+                        {
+                            took.inputs.placed += 1;
+                        }
+                        inputs.push(input);
                     }
                     Input::Rewrap(aval, sharding) => {
                         check_live(h, leaf, j)?;
@@ -299,6 +321,17 @@ impl Entry {
     /// Whether a call's leaves are the executable's inputs as they are (see `run_arrays`).
     pub fn passes_through(&self) -> bool {
         self.passthrough
+    }
+
+    /// Whether JAX's C++ dispatch takes this entry's calls as they come: one device, and every
+    /// argument an array on the input sharding or a host value.
+    pub fn delegable(&self) -> bool {
+        !self.multi_device
+            && self.out_local.is_none()
+            && self
+                .inputs
+                .iter()
+                .all(|input| matches!(input, Input::Dropped | Input::Pass | Input::Host(_)))
     }
 
     /// Runs the executable of a passthrough entry on `args`, a call's leaves, every one an
@@ -487,23 +520,30 @@ impl HostArg {
     /// there is one, else placed now, and kept if the value was seen among the latest. Where
     /// the transfer guard watches host-to-device transfers (`guarded`), it is placed as JAX
     /// places it, so that the guard sees the transfer as JAX's.
+    /// Also says whether it was placed now as one of a stream of new values (see
+    /// `KeptValues::streaming`; always, for a value too large to keep copies of).
     fn place<'py>(
         &self,
         h: &Handles,
         leaf: &Bound<'py, PyAny>,
         key: &LiveLeaf<'py>,
         guarded: bool,
-    ) -> PyResult<Bound<'py, PyAny>> {
+    ) -> PyResult<(Bound<'py, PyAny>, bool)> {
         let py = leaf.py();
         if guarded {
-            return self.host.place_guarded(leaf);
+            return Ok((self.host.place_guarded(leaf)?, true));
         }
         let kept_and_bytes = self
             .kept
             .as_ref()
             .and_then(|kept| Some((kept, ValueBytes::of(leaf, key)?)));
         let Some((kept, bytes)) = kept_and_bytes else {
-            return self.host.place(leaf);
+            return Ok((self.host.place(leaf)?, true));
+        };
+        let streaming = || {
+            kept.lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .streaming()
         };
         let bytes = bytes.as_slice();
         let lock = || kept.lock().unwrap_or_else(PoisonError::into_inner);
@@ -513,14 +553,14 @@ impl HostArg {
                 let copy = copy.into_bound(py);
                 // `jax.live_arrays()` can reach it and delete it; then it is placed anew.
                 if !is_deleted(h, &copy)? {
-                    return Ok(copy);
+                    return Ok((copy, false));
                 }
                 true
             }
             None => lock().admit(bytes),
         };
         if !admitted {
-            return self.host.place(leaf);
+            return Ok((self.host.place(leaf)?, streaming()));
         }
         // The copy kept is placed from a snapshot of a numpy array, and keyed by the
         // snapshot's bytes: on the CPU jaxlib adopts aligned numpy memory, and the caller may
@@ -536,7 +576,7 @@ impl HostArg {
             let dropped = lock().keep(bytes.as_slice(), array.clone().unbind());
             drop(dropped);
         }
-        Ok(array)
+        Ok((array, false))
     }
 }
 

@@ -20,7 +20,7 @@ use std::borrow::Cow;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::thread::{self, ThreadId};
 
-use fastpjit_core::{LruBuckets, Recency, UseStamp};
+use fastpjit_core::{Delegation, LruBuckets, Recency, UseStamp};
 use pyo3::exceptions::{PyOverflowError, PyRuntimeError};
 use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
@@ -29,7 +29,7 @@ use pyo3::PyTraverseError;
 
 use crate::stats::{Counter, FunctionStats};
 use context::LiveContext;
-use entry::Entry;
+use entry::{Entry, Took};
 use handles::{handles, Handles};
 use leaf::{LiveLeaf, SeenArrays};
 pub use miss::{CacheMiss, FastPath};
@@ -132,6 +132,8 @@ pub struct DispatchCache {
     /// Whether calls are keyed by JAX's jit key; not those of a compiled foreign module,
     /// which depends on no configuration and which no trace can stage.
     keyed_by_context: bool,
+    /// Whether calls go to JAX's C++ dispatch (see `Delegation`).
+    delegation: Delegation,
 }
 
 /// The dispatcher behind `fastpjit.jit`, `fastpjit.pmap` and compiled (AOT) functions;
@@ -144,6 +146,9 @@ pub struct JitFunction {
     /// `miss(args, kwargs) -> CacheMiss`: the cache miss.
     miss: Mutex<Option<Py<PyAny>>>,
     shared: Py<DispatchCache>,
+    /// jax.jit's own C++ function of the same function and options, where the calls that JAX
+    /// dispatches faster go (see `Delegation`).
+    jax_dispatch: Mutex<Option<Py<PyAny>>>,
 }
 
 impl std::ops::Deref for JitFunction {
@@ -167,6 +172,18 @@ impl JitFunction {
             .as_ref()
             .map(|f| f.bind(py).clone())
             .ok_or_else(|| PyRuntimeError::new_err("this jit function was cleared"))
+    }
+
+    /// Hands the call to jax.jit's own dispatch, counted; None for a function without one.
+    fn delegate<'py>(
+        &self,
+        py: Python<'py>,
+        args: &Bound<'py, PyTuple>,
+        kwargs: Option<&Bound<'py, PyDict>>,
+    ) -> Option<PyResult<Bound<'py, PyAny>>> {
+        let jitted = lock(&self.jax_dispatch).as_ref()?.clone_ref(py);
+        self.stats.count(Counter::Delegated);
+        Some(jitted.bind(py).call(args, kwargs))
     }
 
     /// Hands the call to JAX, counting why.
@@ -483,6 +500,7 @@ impl DispatchCache {
             trees: Mutex::new(Vec::new()),
             seen: Mutex::new(SeenArrays::default()),
             keyed_by_context: context,
+            delegation: Delegation::default(),
         }
     }
 
@@ -525,13 +543,21 @@ impl DispatchCache {
 #[pymethods]
 impl JitFunction {
     /// A function that dispatches through `cache`: `fallback` runs the calls that JAX must
-    /// run, and `miss(args, kwargs)` the cache misses.
+    /// run, `miss(args, kwargs)` the cache misses, and `jax_dispatch` (jax.jit's own function,
+    /// where there is one) the calls that JAX's dispatch serves faster.
     #[new]
-    fn new(fallback: Py<PyAny>, miss: Py<PyAny>, cache: Py<DispatchCache>) -> Self {
+    #[pyo3(signature = (fallback, miss, cache, jax_dispatch = None))]
+    fn new(
+        fallback: Py<PyAny>,
+        miss: Py<PyAny>,
+        cache: Py<DispatchCache>,
+        jax_dispatch: Option<Py<PyAny>>,
+    ) -> Self {
         Self {
             fallback: Mutex::new(Some(fallback)),
             miss: Mutex::new(Some(miss)),
             shared: cache,
+            jax_dispatch: Mutex::new(jax_dispatch),
         }
     }
 
@@ -551,6 +577,11 @@ impl JitFunction {
         let py = slf.py();
         let this = slf.get();
         let h = handles(py)?;
+        if this.delegation.delegates() && carries_numpy_array(h, args, kwargs) {
+            if let Some(out) = this.delegate(py, args, kwargs) {
+                return out;
+            }
+        }
         let context = if this.keyed_by_context {
             let context = LiveContext::read(py, h)?;
             if context.jit_disabled(h)? {
@@ -606,17 +637,19 @@ impl JitFunction {
                         cached.used.mark();
                         this.note_recent(&cached);
                     }
-                    let mut moved = false;
-                    let out = match entry.run(py, h, &call, &mut moved) {
+                    let mut took = Took::default();
+                    let out = match entry.run(py, h, &call, &mut took) {
                         Err(err) if err.is_instance_of::<PyOverflowError>(py) => {
                             // A Python int too large for its dtype: JAX's path names it.
                             return this.to_jax(py, &this.reasons.overflow, args, kwargs);
                         }
                         out => out?,
                     };
-                    if moved {
+                    if took.moved {
                         this.count_fallback(&this.reasons.moved);
                     }
+                    let can_delegate = entry.delegable() && lock(&this.jax_dispatch).is_some();
+                    this.delegation.after_hit(can_delegate, took.inputs);
                     if let Some(hook) = call.context.post_hook() {
                         let kwargs = kwargs.map_or_else(|| PyDict::new(py), Clone::clone);
                         hook.call1((slf, args, kwargs, &out))?;
@@ -653,7 +686,7 @@ impl JitFunction {
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        for slot in [&self.fallback, &self.miss] {
+        for slot in [&self.fallback, &self.miss, &self.jax_dispatch] {
             if let Ok(callable) = slot.try_lock() {
                 visit.call(callable.as_ref())?;
             }
@@ -662,9 +695,34 @@ impl JitFunction {
     }
 
     fn __clear__(&self) {
-        let callables = [lock(&self.fallback).take(), lock(&self.miss).take()];
+        let callables = [
+            lock(&self.fallback).take(),
+            lock(&self.miss).take(),
+            lock(&self.jax_dispatch).take(),
+        ];
         drop(callables);
     }
+}
+
+/// Whether a call passes a numpy array as an argument, or one level inside one (a batch in a
+/// tuple or dict): the calls that a delegating function hands to JAX (see `Delegation`).
+fn carries_numpy_array(
+    h: &Handles,
+    args: &Bound<'_, PyTuple>,
+    kwargs: Option<&Bound<'_, PyDict>>,
+) -> bool {
+    let ndarray = h.arrays.ndarray.as_ptr().cast();
+    let is_numpy = |value: &Bound<'_, PyAny>| std::ptr::eq(value.get_type_ptr(), ndarray);
+    let carries = |value: Bound<'_, PyAny>| {
+        is_numpy(&value)
+            || value
+                .cast::<PyTuple>()
+                .is_ok_and(|items| items.iter().any(|item| is_numpy(&item)))
+            || value
+                .cast::<PyDict>()
+                .is_ok_and(|items| items.values().iter().any(|item| is_numpy(&item)))
+    };
+    args.iter().any(carries) || kwargs.is_some_and(|kwargs| kwargs.values().iter().any(carries))
 }
 
 /// Forgets the avals and shardings that the dispatcher remembers (`jax.clear_caches()`).
