@@ -540,3 +540,30 @@ def test_a_tree_of_device_arrays_with_a_numpy_batch_stays_with_fastpjit():
     after = counts(tree_step.__qualname__)
     assert after["cache_hits"] - before["cache_hits"] == 19
     assert after["fallbacks"] == before["fallbacks"]
+
+
+@pytest.mark.parametrize("x64", [False, True])
+def test_numpy_batches_handed_to_jax_keep_jax_s_semantics(x64):
+    """Calls handed to JAX's dispatch are JAX's own: dtype canonicalisation (float64 batches
+    without x64), x64, and the transfer guard, as jax.jit has them."""
+
+    def guarded_step(w, x):
+        return (x * w).sum(axis=0)
+
+    with jax.enable_x64(x64):
+        w = jax.device_put(np.full((8,), 2.0, np.float32))
+        ours, theirs = fastpjit.jit(guarded_step), JAX_JIT(guarded_step)
+        batches = [np.arange(64.0).reshape(8, 8) + i for i in range(8)]  # float64
+        before = counts(guarded_step.__qualname__)
+        for i in range(30):
+            out, expected = ours(w, batches[i % 8]), theirs(w, batches[i % 8])
+            bitwise_equal(out, expected)
+            assert out.dtype == expected.dtype and out.weak_type == expected.weak_type
+        after = counts(guarded_step.__qualname__)
+        assert after["fallbacks"].get(DELEGATED, 0) > before["fallbacks"].get(DELEGATED, 0)
+        with jax.transfer_guard("disallow"):
+            with pytest.raises(Exception) as ours_error:
+                ours(w, batches[0])
+            with pytest.raises(Exception) as theirs_error:
+                theirs(w, batches[0])
+        assert type(ours_error.value) is type(theirs_error.value)
