@@ -567,3 +567,20 @@ def test_numpy_batches_handed_to_jax_keep_jax_s_semantics(x64):
             with pytest.raises(Exception) as theirs_error:
                 theirs(w, batches[0])
         assert type(ours_error.value) is type(theirs_error.value)
+
+
+def test_a_second_wrapper_of_a_function_hands_numpy_batches_to_jax_too():
+    def wrapped_twice(w, x):
+        return x @ w
+
+    w = jax.device_put(np.ones((16, 2), np.float32))
+    batches = [np.full((4, 16), i, np.float32) for i in range(8)]
+    first = fastpjit.jit(wrapped_twice)
+    first(w, batches[0])
+    second = fastpjit.jit(wrapped_twice)  # shares the first one's cache
+    before = counts(wrapped_twice.__qualname__)
+    for i in range(40):
+        bitwise_equal(second(w, batches[i % 8]), JAX_JIT(wrapped_twice)(w, batches[i % 8]))
+    after = counts(wrapped_twice.__qualname__)
+    assert after["cache_misses"] == before["cache_misses"]
+    assert after["fallbacks"].get(DELEGATED, 0) - before["fallbacks"].get(DELEGATED, 0) >= 30

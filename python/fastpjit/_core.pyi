@@ -79,7 +79,12 @@ class DispatchCache:
 @disjoint_base
 class JitFunction:
     def __new__(
-        cls, fallback: Any, miss: Any, cache: DispatchCache, jax_dispatch: Any = None
+        cls,
+        fallback: Any,
+        miss: Any,
+        cache: DispatchCache,
+        jax_dispatch: Any = None,
+        make_jax_dispatch: Any = None,
     ) -> Self: ...
     @property
     def _dispatch_cache(self) -> DispatchCache: ...

@@ -239,10 +239,13 @@ _KINDS: dict[type[JitWrapped], str] = {JitWrapped: "jit", _PjitWrapped: "pjit"}
 
 def _function(kind: type[JitWrapped], fun: Callable[..., Any], jax_function: _JaxFunction,
               cache: Any, make: functools.partial[Any]) -> JitWrapped:
-    # Calls that jax.jit's C++ dispatch serves faster go to it, where this wrapper has one
-    # (pjit's depends on the mesh context, and the first wrapper alone makes one).
-    jax_dispatch = jax_function.made() if kind is JitWrapped else None
-    wrapped = kind(jax_function, jax_function.miss, cache, jax_dispatch)
+    # Calls that jax.jit's C++ dispatch serves faster go to it (not pjit's, whose function
+    # depends on the mesh context).
+    if kind is JitWrapped:
+        wrapped = kind(jax_function, jax_function.miss, cache, jax_function.made(),
+                       jax_function.jitted)
+    else:
+        wrapped = kind(jax_function, jax_function.miss, cache)
     wrapped._jax_function = jax_function
     functools.update_wrapper(wrapped, fun)
     # JAX's NaN and inf checks (its post-hook) rerun `_fun` without jit to find the culprit.

@@ -148,8 +148,23 @@ pub struct JitFunction {
     shared: Py<DispatchCache>,
     /// jax.jit's own C++ function of the same function and options, where the calls that JAX
     /// dispatches faster go (see `Delegation`).
-    jax_dispatch: Mutex<Option<Py<PyAny>>>,
+    jax_dispatch: Mutex<JaxDispatch>,
 }
+
+/// jax.jit's function of a `JitFunction`, made or to be made.
+enum JaxDispatch {
+    None,
+    Made(Py<PyAny>),
+    /// `make()` makes it (a jax.jit function costs tens of µs to make); made when this
+    /// function hands a call to JAX for the `MAKE_AFTER`-th time, so that a new wrapper called
+    /// once (`jit(f)(x)` in a loop) makes none.
+    Maker {
+        make: Py<PyAny>,
+        asked: u32,
+    },
+}
+
+const MAKE_AFTER: u32 = 2;
 
 impl std::ops::Deref for JitFunction {
     type Target = DispatchCache;
@@ -181,7 +196,28 @@ impl JitFunction {
         args: &Bound<'py, PyTuple>,
         kwargs: Option<&Bound<'py, PyDict>>,
     ) -> Option<PyResult<Bound<'py, PyAny>>> {
-        let jitted = lock(&self.jax_dispatch).as_ref()?.clone_ref(py);
+        let jitted = {
+            let mut dispatch = lock(&self.jax_dispatch);
+            match &mut *dispatch {
+                JaxDispatch::None => return None,
+                JaxDispatch::Made(jitted) => jitted.clone_ref(py),
+                JaxDispatch::Maker { asked, .. } if *asked + 1 < MAKE_AFTER => {
+                    *asked += 1;
+                    return None;
+                }
+                JaxDispatch::Maker { make, .. } => {
+                    let make = make.clone_ref(py);
+                    drop(dispatch);
+                    // Making it runs Python, which must not hold the lock.
+                    let jitted = match make.call0(py) {
+                        Ok(jitted) => jitted,
+                        Err(err) => return Some(Err(err)),
+                    };
+                    *lock(&self.jax_dispatch) = JaxDispatch::Made(jitted.clone_ref(py));
+                    jitted
+                }
+            }
+        };
         self.stats.count(Counter::Delegated);
         Some(jitted.bind(py).call(args, kwargs))
     }
@@ -544,15 +580,22 @@ impl DispatchCache {
 impl JitFunction {
     /// A function that dispatches through `cache`: `fallback` runs the calls that JAX must
     /// run, `miss(args, kwargs)` the cache misses, and `jax_dispatch` (jax.jit's own function,
+    /// or `make_jax_dispatch()` that makes it,
     /// where there is one) the calls that JAX's dispatch serves faster.
     #[new]
-    #[pyo3(signature = (fallback, miss, cache, jax_dispatch = None))]
+    #[pyo3(signature = (fallback, miss, cache, jax_dispatch = None, make_jax_dispatch = None))]
     fn new(
         fallback: Py<PyAny>,
         miss: Py<PyAny>,
         cache: Py<DispatchCache>,
         jax_dispatch: Option<Py<PyAny>>,
+        make_jax_dispatch: Option<Py<PyAny>>,
     ) -> Self {
+        let jax_dispatch = match (jax_dispatch, make_jax_dispatch) {
+            (Some(jitted), _) => JaxDispatch::Made(jitted),
+            (None, Some(make)) => JaxDispatch::Maker { make, asked: 0 },
+            (None, None) => JaxDispatch::None,
+        };
         Self {
             fallback: Mutex::new(Some(fallback)),
             miss: Mutex::new(Some(miss)),
@@ -648,7 +691,8 @@ impl JitFunction {
                     if took.moved {
                         this.count_fallback(&this.reasons.moved);
                     }
-                    let can_delegate = entry.delegable() && lock(&this.jax_dispatch).is_some();
+                    let can_delegate = entry.delegable()
+                        && !matches!(*lock(&this.jax_dispatch), JaxDispatch::None);
                     this.delegation.after_hit(can_delegate, took.inputs);
                     if let Some(hook) = call.context.post_hook() {
                         let kwargs = kwargs.map_or_else(|| PyDict::new(py), Clone::clone);
@@ -686,21 +730,26 @@ impl JitFunction {
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        for slot in [&self.fallback, &self.miss, &self.jax_dispatch] {
+        for slot in [&self.fallback, &self.miss] {
             if let Ok(callable) = slot.try_lock() {
                 visit.call(callable.as_ref())?;
+            }
+        }
+        if let Ok(dispatch) = self.jax_dispatch.try_lock() {
+            match &*dispatch {
+                JaxDispatch::None => {}
+                JaxDispatch::Made(callable) | JaxDispatch::Maker { make: callable, .. } => {
+                    visit.call(callable)?;
+                }
             }
         }
         visit.call(&self.shared)
     }
 
     fn __clear__(&self) {
-        let callables = [
-            lock(&self.fallback).take(),
-            lock(&self.miss).take(),
-            lock(&self.jax_dispatch).take(),
-        ];
-        drop(callables);
+        let callables = [lock(&self.fallback).take(), lock(&self.miss).take()];
+        let dispatch = std::mem::replace(&mut *lock(&self.jax_dispatch), JaxDispatch::None);
+        drop((callables, dispatch));
     }
 }
 
