@@ -691,7 +691,8 @@ impl JitFunction {
                     if took.moved {
                         this.count_fallback(&this.reasons.moved);
                     }
-                    let can_delegate = entry.delegable()
+                    let can_delegate = took.inputs.placed > 0
+                        && entry.delegable()
                         && !matches!(*lock(&this.jax_dispatch), JaxDispatch::None);
                     this.delegation.after_hit(can_delegate, took.inputs);
                     if let Some(hook) = call.context.post_hook() {
