@@ -10,6 +10,7 @@ import functools
 import subprocess
 import sys
 import textwrap
+import types
 from typing import Any
 
 import jax
@@ -22,6 +23,7 @@ from jax.sharding import PartitionSpec as P
 
 import fastpjit
 from fastpjit import _jax
+from fastpjit._shared import SharedCaches
 
 JAX_JIT, JAX_PMAP = _jax.jax_jit, _jax.jax_pmap
 DELEGATED = ("jit: new numpy arrays, which JAX's C++ dispatch places for less than jaxlib's "
@@ -584,3 +586,39 @@ def test_a_second_wrapper_of_a_function_hands_numpy_batches_to_jax_too():
     after = counts(wrapped_twice.__qualname__)
     assert after["cache_misses"] == before["cache_misses"]
     assert after["fallbacks"].get(DELEGATED, 0) - before["fallbacks"].get(DELEGATED, 0) >= 30
+
+
+def test_options_that_cannot_be_compared_get_a_cache_of_their_own():
+    def summed(v):
+        return v.sum()
+
+    class Incomparable:
+        def __hash__(self):
+            return 1
+
+        def __eq__(self, other):
+            raise ValueError("no truth value")
+
+    def cache() -> Any:
+        made.append(types.SimpleNamespace(_clear=lambda: None))
+        return made[-1]
+
+    caches, made = SharedCaches(), []
+    for option in (np.arange(3), Incomparable(), Incomparable()):
+        caches.get(summed, {"option": option}, cache)
+    assert len(made) == 3  # none shared
+    assert caches.get(summed, {"option": 2}, cache) is caches.get(summed, {"option": 2}, cache)
+    assert len(made) == 4
+
+    class Unhashable:
+        __hash__ = None
+
+        def __call__(self, v):
+            return v * 2
+
+    g = Unhashable()
+    with pytest.raises(TypeError) as theirs:  # JAX's caches hash the function
+        JAX_JIT(g)(jnp.ones(2))
+    with pytest.raises(TypeError) as ours:
+        fastpjit.jit(g)(jnp.ones(2))
+    assert str(ours.value) == str(theirs.value)

@@ -19,7 +19,7 @@ class SharedCaches:
     """Dispatch caches by function and options. A function is held weakly, so its caches go
     with it; each function keeps those of its latest `OPTION_SETS` option sets, and
     `jax.clear_caches()` empties them all. A function that cannot be held weakly or hashed,
-    or options that cannot be hashed, get a cache of their own."""
+    or options that cannot be hashed or compared, get a cache of their own."""
 
     OPTION_SETS = 16
 
@@ -40,7 +40,7 @@ class SharedCaches:
                 if found is not None:
                     caches.move_to_end(key)  # type: ignore[union-attr]
                     return found
-        except TypeError:
+        except Exception:  # an unhashable option, or one whose == raises (an array)
             return make()
         cache = make()
         with self._lock:
