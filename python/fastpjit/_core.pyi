@@ -8,6 +8,7 @@ import numpy.typing as npt
 from typing_extensions import disjoint_base
 
 __all__ = [
+    "BoundFunction",
     "CacheMiss",
     "DispatchCache",
     "FastPath",
@@ -62,6 +63,19 @@ def make_array_from_process_local_leaf(
 ) -> Any: ...
 def clear_dispatch_memo() -> None: ...
 def dispatch_memo_sizes() -> tuple[int, int]: ...
+
+@disjoint_base
+class BoundFunction:
+    def __new__(
+        cls, function: JitFunction, args: tuple[Any, ...], kwargs: dict[str, Any], arrays: list[Any]
+    ) -> Self: ...
+    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
+    @property
+    def _function(self) -> JitFunction: ...
+    @property
+    def _args(self) -> tuple[Any, ...]: ...
+    @property
+    def _kwargs(self) -> dict[str, Any]: ...
 
 @final
 class DispatchCache:

@@ -107,6 +107,8 @@ __all__ = [
     "jit_key_state_names",
     "jit_key_states",
     "jit_static_args",
+    "jit_donated_args",
+    "tree_leaves",
     "jax_jit",
     "jax_pmap",
     "function_name",
@@ -319,6 +321,14 @@ def jit_static_args(jitted: Any) -> tuple[tuple[int, ...], tuple[str, ...]]:
     info = jitted._jit_info
     return tuple(info.static_argnums), tuple(info.static_argnames)
 
+
+def jit_donated_args(jitted: Any) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """The donated argnums and argnames of a jax.jit function, as JAX resolved them."""
+    info = jitted._jit_info
+    return tuple(info.donate_argnums), tuple(info.donate_argnames)
+
+
+tree_leaves = _tree_util.tree_leaves
 
 _backend_compiles = 0
 # Compiles by the thread that runs them: a miss counts its own, not those of misses that

@@ -17,6 +17,7 @@ import jax
 import numpy as np
 
 from fastpjit import _core, _jax
+from fastpjit.bind import Bindable
 
 __all__ = ["HloFunction", "compile_hlo"]
 
@@ -26,10 +27,16 @@ _CACHE_CAPACITY = 256
 _PYTHON_SCALARS = (bool, int, float, complex)  # bool first: it is an int too
 
 
-class HloFunction(_core.JitFunction):
+class HloFunction(Bindable, _core.JitFunction):
     """A compiled HLO module: call it with one array per entry parameter."""
 
     _program: _Program
+
+    def _donated_arguments(self) -> tuple[set[int], set[str]]:
+        return {i for i, donated in enumerate(self._program.donated) if donated}, set()
+
+    def _bound_placement(self, count: int) -> Any:
+        return lambda i: self._program.in_shardings[i]
 
     @property
     def input_shardings(self) -> tuple[Any, ...]:

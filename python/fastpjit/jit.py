@@ -17,6 +17,7 @@ from typing import Any
 
 from fastpjit import _core, _jax
 from fastpjit._shared import SharedCaches
+from fastpjit.bind import Bindable
 
 __all__ = ["Compiled", "JitWrapped", "Lowered", "jit", "pjit"]
 
@@ -35,7 +36,7 @@ class _NotSpecified:
 _NOT_SPECIFIED: Any = _NotSpecified()
 
 
-class Wrapped(_core.JitFunction):
+class Wrapped(Bindable, _core.JitFunction):
     """What the functions of fastpjit.jit, pjit and pmap share with JAX's: on an instance they
     are bound methods; pickle takes them by reference where their module holds them, as it
     takes a function, and otherwise as the function that they wrap and their options."""
@@ -111,6 +112,10 @@ class JitWrapped(Wrapped):
         self._clear_cache()
         self._jitted.clear_cache()
 
+    def _donated_arguments(self) -> tuple[set[int], set[str]]:
+        positions, names = _jax.jit_donated_args(self._jitted)
+        return set(positions), set(names)
+
     def cache_size(self) -> int:
         """How many executables this function has cached."""
         return self._cache_size()
@@ -156,10 +161,22 @@ class Lowered:
         return getattr(self._lowered, name)
 
 
-class Compiled(_core.JitFunction):
+class Compiled(Bindable, _core.JitFunction):
     """`jax.stages.Compiled` with its calls dispatched by fastpjit."""
 
     _compiled: Any
+
+    def _donated_arguments(self) -> tuple[set[int], set[str]]:
+        args_info, kwargs_info = self._compiled.args_info
+        positions = {i for i, info in enumerate(args_info)
+                     if any(leaf.donated for leaf in _jax.tree_leaves(info))}
+        names = {name for name, info in kwargs_info.items()
+                 if any(leaf.donated for leaf in _jax.tree_leaves(info))}
+        return positions, names
+
+    def _bound_placement(self, count: int) -> Any:
+        shardings = self._compiled.input_shardings[0]
+        return lambda i: shardings[i]
 
     @classmethod
     def of(cls, compiled: Any) -> Compiled:

@@ -39,6 +39,13 @@ class PmapWrapped(Wrapped):
         """Forgets the executables compiled for this function."""
         self._clear_cache()
 
+    def _donated_arguments(self) -> tuple[set[int], set[str]]:
+        return set(self._make.keywords["donate_argnums"]), set()
+
+    def _bound_placement(self, count: int) -> Any:
+        # Each device takes its slice: the dispatcher places bound numpy values per call.
+        return lambda i: "host"
+
     def cache_size(self) -> int:
         """How many executables this function has cached."""
         return self._cache_size()

@@ -44,6 +44,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(host_memory::set_host_pool_limit, m)?)?;
     m.add_class::<dispatch::JitFunction>()?;
     m.add_class::<dispatch::DispatchCache>()?;
+    m.add_class::<dispatch::BoundFunction>()?;
     m.add_class::<dispatch::FastPath>()?;
     m.add_class::<dispatch::CacheMiss>()?;
     m.add_function(wrap_pyfunction!(dispatch::clear_dispatch_memo, m)?)?;

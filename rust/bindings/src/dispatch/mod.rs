@@ -7,7 +7,9 @@
 //! - `signature`: the call signature, compared by identity first and by value on a miss.
 //! - `entry`: a cached executable and how each argument becomes its input.
 //! - `miss`: the typed contract with the cache miss that Python runs.
+//! - `bound`: a function with resident arguments bound.
 
+mod bound;
 mod context;
 mod entry;
 mod handles;
@@ -28,6 +30,7 @@ use pyo3::types::{PyDict, PyString, PyTuple};
 use pyo3::PyTraverseError;
 
 use crate::stats::{Counter, FunctionStats};
+pub use bound::BoundFunction;
 use context::LiveContext;
 use entry::{Entry, Took};
 use handles::{handles, Handles};

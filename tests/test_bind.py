@@ -1,0 +1,269 @@
+"""`f.bind(*args, **kwargs)`: resident arguments bound once for serving loops, against JAX's
+call with the same arguments (`jax.jit(f)(*args, *rest)`): the same results, dtypes, weak
+types, shardings, commitment and exceptions, on 1 and 8 devices, for jit, pmap, AOT-compiled
+and compile_hlo functions."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import pickle
+import threading
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+from test_jit import assert_same_outputs
+
+import fastpjit
+
+MESH_8 = jax.make_mesh((8,), ("x",))
+ROW_8 = NamedSharding(MESH_8, P("x"))
+REPLICATED_8 = NamedSharding(MESH_8, P())
+
+
+def decode_step(params, token, cache, scale=1.0):
+    h = jnp.tanh(token @ params["w"] + params["b"]) * scale
+    return h.sum(axis=-1), cache * 0.5 + h.mean()
+
+
+def host_params(features: int = 4) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return {"w": rng.standard_normal((features, 8), dtype=np.float32),
+            "b": np.arange(8, dtype=np.float32)}
+
+
+@pytest.mark.parametrize("devices", [1, 8])
+def test_bound_prefix_and_keywords_match_jax(devices):
+    params = host_params()
+    token, cache = np.ones((8, 4), np.float32), jnp.zeros((8,))
+    if devices == 8:
+        params = jax.device_put(params, REPLICATED_8)
+        token = jax.device_put(token, ROW_8)
+        cache = jax.device_put(cache, ROW_8)
+    f, theirs = fastpjit.jit(decode_step), jax.jit(decode_step)
+    g = f.bind(params)
+    for _ in range(3):
+        assert_same_outputs(g(token, cache), theirs(params, token, cache))
+        assert_same_outputs(g(token, cache, scale=2.0), theirs(params, token, cache, scale=2.0))
+    h = f.bind(params, scale=3)
+    assert_same_outputs(h(token, cache), theirs(params, token, cache, scale=3))
+    with pytest.raises(TypeError, match="multiple values for keyword argument"):
+        h(token, cache, scale=1.0)
+
+
+def test_bound_numpy_trees_are_placed_once_and_64_bit_values_are_left_to_each_call():
+    params = {"w": np.ones((4, 8), np.float32), "b": np.arange(8, dtype=np.float64),
+              "lr": 0.5}
+    g = fastpjit.jit(lambda p, x: x @ p["w"] + p["b"] * p["lr"]).bind(params)
+    bound = g._args[0]
+    assert isinstance(bound["w"], jax.Array) and not bound["w"].committed
+    assert type(bound["b"]) is np.ndarray and bound["lr"] == 0.5  # dtype depends on x64
+    params["w"][:] = 7.0  # the host array after binding: the bound copy does not change
+    x = jnp.ones((2, 4))
+    expected = jax.jit(lambda p, x: x @ p["w"] + p["b"] * p["lr"])(
+        {"w": np.ones((4, 8), np.float32), "b": params["b"], "lr": 0.5}, x)
+    for _ in range(3):
+        assert_same_outputs(g(x), expected)
+    with jax.enable_x64(True):
+        assert_same_outputs(g(x), jax.jit(lambda p, x: x @ p["w"] + p["b"] * p["lr"])(
+            {"w": bound["w"], "b": params["b"], "lr": 0.5}, x))
+
+
+def test_static_arguments_beside_bound_ones():
+    def scaled(params, x, n):
+        return (x @ params["w"]) * n
+
+    params = host_params()
+    f = fastpjit.jit(scaled, static_argnums=2)
+    g = f.bind(params)
+    x = jnp.ones((3, 4))
+    for n in (1, 2, 1):
+        assert_same_outputs(g(x, n), jax.jit(scaled, static_argnums=2)(params, x, n))
+
+
+@pytest.mark.parametrize("devices", [1, 8])
+def test_a_donated_per_call_argument_over_a_50_step_loop(devices):
+    params = host_params()
+    token = np.ones((8, 4), np.float32)
+    ours_cache, theirs_cache = jnp.zeros((8,)), jnp.zeros((8,))
+    if devices == 8:
+        params = jax.device_put(params, REPLICATED_8)
+        ours_cache = jax.device_put(ours_cache, ROW_8)
+        theirs_cache = jax.device_put(theirs_cache, ROW_8)
+    g = fastpjit.jit(decode_step, donate_argnums=2).bind(params)
+    theirs = jax.jit(decode_step, donate_argnums=2)
+    for _ in range(50):
+        previous = ours_cache
+        out, ours_cache = g(token, ours_cache)
+        expected, theirs_cache = theirs(params, token, theirs_cache)
+        assert previous.is_deleted()
+        assert_same_outputs((out, ours_cache), (expected, theirs_cache))
+
+
+def test_new_per_call_shapes_recompile_and_are_counted():
+    g = fastpjit.jit(decode_step).bind(host_params())
+    before = fastpjit.stats()["functions"].get("decode_step", {}).get("cache_misses", 0)
+    for rows in (2, 3, 2, 4):
+        x = jnp.ones((rows, 4))
+        assert_same_outputs(g(x, jnp.zeros(())), jax.jit(decode_step)(host_params(), x,
+                                                                       jnp.zeros(())))
+    assert fastpjit.stats()["functions"]["decode_step"]["cache_misses"] - before == 3
+
+
+@pytest.mark.parametrize("devices", [1, 8])
+def test_a_deleted_bound_argument_raises_jax_s_error_naming_it(devices):
+    params = {"w": jnp.ones((4, 8)), "b": jnp.zeros(8)}
+    token = jnp.ones((8, 4))
+    if devices == 8:
+        params = jax.device_put(params, REPLICATED_8)
+        token = jax.device_put(token, ROW_8)
+    g = fastpjit.jit(decode_step).bind(params)
+    g(token, jnp.zeros(()))
+    params["w"].delete()
+    with pytest.raises(RuntimeError, match=r"bound argument args\[0\]\['w'\]: Array has been "
+                                           r"deleted"):
+        g(token, jnp.zeros(()))
+
+
+def test_a_bound_argument_donated_elsewhere_raises_naming_it():
+    params = {"w": jnp.ones((4, 8)), "b": jnp.zeros(8)}
+    g = fastpjit.jit(decode_step).bind(params)
+    consume = fastpjit.jit(lambda p: jax.tree.map(lambda v: v + 1, p), donate_argnums=0)
+    consume(params)
+    with pytest.raises((RuntimeError, ValueError), match=r"bound argument args\[0\]"):
+        g(jnp.ones((2, 4)), jnp.zeros(()))
+
+
+def test_binding_a_donated_argument_is_a_value_error_naming_it():
+    params = host_params()
+    with pytest.raises(ValueError, match="argument 0 .* is donated"):
+        fastpjit.jit(decode_step, donate_argnums=0).bind(params)
+    with pytest.raises(ValueError, match="argument 0 .* is donated"):
+        fastpjit.jit(decode_step, donate_argnames="params").bind(params)
+    with pytest.raises(ValueError, match="keyword argument 'cache' .* is donated"):
+        fastpjit.jit(decode_step, donate_argnums=2).bind(params, cache=jnp.zeros(()))
+    with pytest.raises(ValueError, match="argument 0 .* is donated"):
+        fastpjit.pmap(lambda a, b: a + b, donate_argnums=0).bind(np.ones((8, 2)))
+    x = jnp.ones(4)
+    compiled = fastpjit.jit(lambda a, b: a + b, donate_argnums=1).lower(x, x).compile()
+    with pytest.raises(ValueError, match="argument 1 .* is donated"):
+        compiled.bind(x, x)
+    assert_same_outputs(compiled.bind(x)(jnp.ones(4)), x + 1)
+
+
+def test_a_bound_function_inside_jit_grad_and_vmap_stages_like_partial():
+    params = host_params()
+    g = fastpjit.jit(decode_step).bind(params)
+    p = functools.partial(jax.jit(decode_step), params)
+    token, cache = jnp.ones((8, 4)), jnp.zeros(())
+
+    def loss(fn: Any, t: Any) -> Any:
+        return fn(t, cache)[0].sum()
+
+    assert_same_outputs(jax.jit(loss, static_argnums=0)(g, token),
+                        jax.jit(loss, static_argnums=0)(p, token))
+    assert_same_outputs(jax.grad(lambda t: loss(g, t))(token),
+                        jax.grad(lambda t: loss(p, t))(token))
+    tokens = jnp.ones((3, 8, 4))
+    assert_same_outputs(jax.vmap(lambda t: g(t, cache))(tokens),
+                        jax.vmap(lambda t: p(t, cache))(tokens))
+
+
+def test_pmap_aot_and_compile_hlo_functions_bind():
+    x = np.arange(16, dtype=np.float32).reshape(8, 2)
+    pmapped = fastpjit.pmap(lambda a, b: a * b)
+    g = pmapped.bind(x)
+    for _ in range(2):
+        assert_same_outputs(g(jnp.full((8, 2), 2.0)), jax.pmap(lambda a, b: a * b)(
+            x, jnp.full((8, 2), 2.0)))
+    y = jax.device_put(jnp.ones((8, 4)), ROW_8)
+    compiled = fastpjit.jit(lambda a, b: a - b).lower(y, y).compile()
+    bound = compiled.bind(np.full((8, 4), 3.0, np.float32))
+    assert bound._args[0].sharding == compiled.input_shardings[0][0]
+    assert_same_outputs(bound(y), jax.jit(lambda a, b: a - b).lower(y, y).compile()(
+        jax.device_put(np.full((8, 4), 3.0, np.float32), ROW_8), y))
+    hlo = jax.jit(lambda a, b: a + b).lower(jnp.ones(4), jnp.ones(4)).as_text()
+    h = fastpjit.compile_hlo(hlo, jax.devices()[:1]).bind(np.full(4, 2.0, np.float32))
+    np.testing.assert_array_equal(h(jnp.ones(4)), np.full(4, 3.0))
+
+
+class Model:
+    def __init__(self) -> None:
+        self.apply = fastpjit.jit(decode_step).bind(host_params())
+
+
+def test_wrapped_repr_lower_method_partial_copy_and_pickle():
+    f = fastpjit.jit(decode_step)
+    g = f.bind(host_params())
+    token, cache = jnp.ones((2, 4)), jnp.zeros(())
+    assert g.__wrapped__ is f
+    assert "decode_step" in repr(g) and "arg0" in repr(g)
+    assert "tanh" in g.lower(token, cache).as_text()
+    assert_same_outputs(Model().apply(token, cache), g(token, cache))
+    assert_same_outputs(functools.partial(g, token)(cache), g(token, cache))
+    assert copy.copy(g) is g and copy.deepcopy(g) is g
+    restored = pickle.loads(pickle.dumps(g))
+    assert_same_outputs(restored(token, cache), g(token, cache))
+
+
+@pytest.mark.timeout(60)
+def test_new_weights_bound_while_four_threads_call_the_old_function():
+    f = fastpjit.jit(decode_step)
+    token, cache = jnp.ones((2, 4)), jnp.zeros(())
+    current = {"g": f.bind(host_params()), "version": 0}
+    expected = [jax.jit(decode_step)(
+        {"w": host_params()["w"] * v, "b": host_params()["b"]}, token, cache) for v in (1, 2, 3)]
+    errors: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            for _ in range(300):
+                g, version = current["g"], current["version"]
+                assert_same_outputs(g(token, cache), expected[version])
+        except BaseException as err:  # noqa: BLE001
+            errors.append(err)
+
+    threads = [threading.Thread(target=serve) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for version in (1, 2):
+        params = {"w": host_params()["w"] * (version + 1), "b": host_params()["b"]}
+        new = f.bind(params)
+        current["g"], current["version"] = new, version  # a reader may see either pair
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+
+
+@pytest.mark.timeout(120)
+def test_eight_threads_of_2000_bound_calls():
+    params = jax.device_put(host_params(), REPLICATED_8)
+    g = fastpjit.jit(decode_step).bind(params)
+    tokens = [jax.device_put(np.full((8, 4), i, np.float32), ROW_8) for i in range(8)]
+    cache = jax.device_put(jnp.zeros((8,)), ROW_8)
+    expected = [jax.jit(decode_step)(params, t, cache) for t in tokens]
+    errors: list[BaseException] = []
+
+    def serve(i: int) -> None:
+        try:
+            for n in range(2000):
+                # Waited for, as a serving loop consumes each step: XLA's CPU collectives
+                # abort with hundreds of collective programs in flight (JAX's too).
+                out = jax.block_until_ready(g(tokens[i], cache))
+                if n % 100 == 0:
+                    assert_same_outputs(out, expected[i])
+            assert_same_outputs(g(tokens[i], cache), expected[i])
+        except BaseException as err:  # noqa: BLE001
+            errors.append(err)
+
+    threads = [threading.Thread(target=serve, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
