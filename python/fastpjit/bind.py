@@ -77,20 +77,23 @@ class Bindable:
                     f"bind: keyword argument {name!r} of {self!r} is donated, and a bound "
                     "argument stays resident: it cannot be consumed.")
         placement = self._bound_placement(len(args))
+        if placement is None:
+            # Placed after the first call, on the input shardings that its executable takes.
+            settle = _settle if any(map(_placeable, jax.tree.leaves(args))) else None
+            return Bound(self, args, kwargs, _arrays(args, kwargs), settle)
         args = tuple(_placed(arg, placement(i)) for i, arg in enumerate(args))
-        kwargs = {name: _placed(value, None) for name, value in kwargs.items()}
-        arrays = [(_where(path), leaf)
-                  for path, leaf in jax.tree_util.tree_flatten_with_path((args, kwargs))[0]
-                  if isinstance(leaf, jax.Array)]
-        return Bound(self, args, kwargs, arrays)
+        return Bound(self, args, kwargs, _arrays(args, kwargs))
 
     def _donated_arguments(self) -> tuple[set[int], set[str]]:
         return set(), set()
 
+    def _static_arguments(self) -> tuple[set[int], set[str]]:
+        return set(), set()
+
     def _bound_placement(self, count: int) -> Any:
-        """For each bound position, the sharding (tree) its host values go on, or None for
-        `jax.device_put`'s default; or "host" to leave them to the call."""
-        return lambda i: None
+        """For each bound position, the sharding (tree) that its numpy arrays go on; None
+        where only a call tells (they are placed after the first call)."""
+        return None
 
 
 def _where(path: tuple[Any, ...]) -> str:
@@ -106,17 +109,39 @@ def _x64_independent(dtype: np.dtype) -> bool:
     return not (dtype.kind in "iufc" and dtype.itemsize == wide)
 
 
+def _placeable(leaf: Any) -> bool:
+    return type(leaf) is np.ndarray and _x64_independent(leaf.dtype)
+
+
 def _placed(value: Any, sharding: Any) -> Any:
-    """`value` with its numpy arrays put on the devices (copied: later changes to the host
-    array do not reach the bound one)."""
-    if sharding == "host":
-        return value
+    """`value` with its numpy arrays put on `sharding` (a tree of them), copied: later changes
+    to the host array do not reach the bound one."""
+    def place(leaf: Any, where: Any) -> Any:
+        return jax.device_put(leaf, where, may_alias=False) if _placeable(leaf) else leaf
 
-    def place(leaf: Any, where: Any = None) -> Any:
-        if type(leaf) is np.ndarray and _x64_independent(leaf.dtype):
-            return jax.device_put(leaf, where, may_alias=False)
-        return leaf
-
-    if sharding is None:
-        return jax.tree.map(place, value)
     return jax.tree.map(place, value, sharding)
+
+
+def _arrays(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[str, Any]]:
+    return [(_where(path), leaf)
+            for path, leaf in jax.tree_util.tree_flatten_with_path((args, kwargs))[0]
+            if isinstance(leaf, jax.Array)]
+
+
+def _settle(bound: Bound) -> None:
+    """Places the numpy arrays among the bound positional arguments on the input shardings
+    that the first call's executable took for them: the bound arguments' leaves are the
+    first of the call's, unless a static argument comes before them."""
+    function, args, kwargs = bound._function, bound._args, bound._kwargs
+    static_positions, _ = function._static_arguments()
+    if any(i < len(args) for i in static_positions):
+        return
+    leaves, tree = jax.tree.flatten(args)
+    targets = dict(function._latest_host_targets())
+    # As the call placed them: uncommitted, as host values are, except on several devices,
+    # where only committed arrays exist (and the call's other arrays are committed).
+    placed = [_core.device_put_leaf(np.array(leaf), targets[j],
+                                    committed=targets[j].num_devices > 1)
+              if j in targets and _placeable(leaf) else leaf for j, leaf in enumerate(leaves)]
+    args = jax.tree.unflatten(tree, placed)
+    bound._settle_with(args, kwargs, _arrays(args, kwargs))

@@ -116,6 +116,10 @@ class JitWrapped(Wrapped):
         positions, names = _jax.jit_donated_args(self._jitted)
         return set(positions), set(names)
 
+    def _static_arguments(self) -> tuple[set[int], set[str]]:
+        positions, names = _jax.jit_static_args(self._jitted)
+        return set(positions), set(names)
+
     def cache_size(self) -> int:
         """How many executables this function has cached."""
         return self._cache_size()

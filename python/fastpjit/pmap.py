@@ -42,9 +42,8 @@ class PmapWrapped(Wrapped):
     def _donated_arguments(self) -> tuple[set[int], set[str]]:
         return set(self._make.keywords["donate_argnums"]), set()
 
-    def _bound_placement(self, count: int) -> Any:
-        # Each device takes its slice: the dispatcher places bound numpy values per call.
-        return lambda i: "host"
+    def _static_arguments(self) -> tuple[set[int], set[str]]:
+        return set(self._make.keywords["static_broadcasted_argnums"]), set()
 
     def cache_size(self) -> int:
         """How many executables this function has cached."""

@@ -460,6 +460,11 @@ impl HostInput {
         })
     }
 
+    /// The executable's input sharding that this input is placed on.
+    pub fn target(&self) -> &Py<PyAny> {
+        &self.target
+    }
+
     /// Places `leaf`, a value of the kind this input was planned for.
     pub fn place<'py>(&self, leaf: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
         self.place_on(leaf, self.placement.bind(leaf.py()))

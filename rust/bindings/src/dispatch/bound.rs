@@ -1,7 +1,12 @@
 //! A function with resident arguments bound (`fastpjit.jit(f).bind(params)`): each call is the
 //! function's call with the bound arguments first, dispatched by the same cache. The bound
 //! arrays are the same objects on every call, so the dispatcher's memo of the latest calls'
-//! arrays reads nothing of them again.
+//! arrays reads nothing of them again. Host values bound to a function whose input shardings
+//! are known only once it has compiled are placed after the first call, on the shardings that
+//! its executable takes (`settle`, run once).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, PoisonError};
 
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::gc::PyVisit;
@@ -15,19 +20,23 @@ use super::JitFunction;
 #[pyclass(module = "fastpjit._core", subclass, frozen)]
 pub struct BoundFunction {
     function: Py<JitFunction>,
+    bound: Mutex<Arguments>,
+    /// `settle(self)`, run after the first call that succeeds while it is set, places the host
+    /// values bound on the shardings that the call's executable took.
+    settle: Mutex<Option<Py<PyAny>>>,
+    unsettled: AtomicBool,
+}
+
+/// The bound arguments, and the bound arrays, each with its path among them (to name a deleted
+/// one).
+struct Arguments {
     args: Py<PyTuple>,
     kwargs: Py<PyDict>,
-    /// The bound arrays, each with its path among the bound arguments, to name a deleted one.
     arrays: Vec<(Py<PyString>, Py<PyAny>)>,
 }
 
-#[pymethods]
-impl BoundFunction {
-    /// `function` with `args` and `kwargs` bound; `arrays` lists the bound jax.Arrays as
-    /// `(path, array)`.
-    #[new]
+impl Arguments {
     fn new(
-        function: Bound<'_, JitFunction>,
         args: Bound<'_, PyTuple>,
         kwargs: Bound<'_, PyDict>,
         arrays: &Bound<'_, PyList>,
@@ -37,28 +46,69 @@ impl BoundFunction {
             .map(|item| item.extract::<(Py<PyString>, Py<PyAny>)>())
             .collect::<PyResult<_>>()?;
         Ok(Self {
-            function: function.unbind(),
             args: args.unbind(),
             kwargs: kwargs.unbind(),
             arrays,
         })
     }
 
+    fn clone_ref(&self, py: Python<'_>) -> (Py<PyTuple>, Py<PyDict>) {
+        (self.args.clone_ref(py), self.kwargs.clone_ref(py))
+    }
+}
+
+#[pymethods]
+impl BoundFunction {
+    /// `function` with `args` and `kwargs` bound; `arrays` lists the bound jax.Arrays as
+    /// `(path, array)`; `settle`, if given, runs after the first call (see above).
+    #[new]
+    #[pyo3(signature = (function, args, kwargs, arrays, settle = None))]
+    fn new(
+        function: Bound<'_, JitFunction>,
+        args: Bound<'_, PyTuple>,
+        kwargs: Bound<'_, PyDict>,
+        arrays: &Bound<'_, PyList>,
+        settle: Option<Py<PyAny>>,
+    ) -> PyResult<Self> {
+        Ok(Self {
+            function: function.unbind(),
+            bound: Mutex::new(Arguments::new(args, kwargs, arrays)?),
+            unsettled: AtomicBool::new(settle.is_some()),
+            settle: Mutex::new(settle),
+        })
+    }
+
+    /// Binds these arguments instead (placed versions of the same values), once settled.
+    #[pyo3(name = "_settle_with")]
+    fn settle_with(
+        &self,
+        args: Bound<'_, PyTuple>,
+        kwargs: Bound<'_, PyDict>,
+        arrays: &Bound<'_, PyList>,
+    ) -> PyResult<()> {
+        let settled = Arguments::new(args, kwargs, arrays)?;
+        let old = std::mem::replace(&mut *self.lock(), settled);
+        drop(old);
+        Ok(())
+    }
+
     #[pyo3(signature = (*args, **kwargs))]
     fn __call__<'py>(
-        &self,
-        py: Python<'py>,
+        slf: &Bound<'py, Self>,
         args: &Bound<'py, PyTuple>,
         kwargs: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let bound = self.args.bind(py);
+        let py = slf.py();
+        let this = slf.get();
+        let (bound, bound_kwargs) = this.lock().clone_ref(py);
+        let bound = bound.bind(py);
         let all = if args.is_empty() {
             bound.clone()
         } else {
             let all: Vec<Bound<'py, PyAny>> = bound.iter().chain(args.iter()).collect();
             PyTuple::new(py, all)?
         };
-        let bound_kwargs = self.kwargs.bind(py);
+        let bound_kwargs = bound_kwargs.bind(py);
         let merged = match kwargs {
             _ if bound_kwargs.is_empty() => kwargs.cloned(),
             None => Some(bound_kwargs.clone()),
@@ -75,8 +125,21 @@ impl BoundFunction {
                 Some(merged)
             }
         };
-        let function = self.function.bind(py);
-        JitFunction::__call__(function, &all, merged.as_ref()).map_err(|err| self.named(py, err))
+        let function = this.function.bind(py);
+        let out = JitFunction::__call__(function, &all, merged.as_ref())
+            .map_err(|err| this.named(py, err))?;
+        if this.unsettled.load(Ordering::Relaxed) {
+            let settle = this
+                .settle
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+            if let Some(settle) = settle {
+                this.unsettled.store(false, Ordering::Relaxed);
+                settle.call1(py, (slf,))?;
+            }
+        }
+        Ok(out)
     }
 
     /// The function whose arguments are bound.
@@ -87,27 +150,36 @@ impl BoundFunction {
 
     #[getter(_args)]
     fn args(&self, py: Python<'_>) -> Py<PyTuple> {
-        self.args.clone_ref(py)
+        self.lock().args.clone_ref(py)
     }
 
     #[getter(_kwargs)]
     fn kwargs(&self, py: Python<'_>) -> Py<PyDict> {
-        self.kwargs.clone_ref(py)
+        self.lock().kwargs.clone_ref(py)
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
         visit.call(&self.function)?;
-        visit.call(&self.args)?;
-        visit.call(&self.kwargs)?;
-        for (path, array) in &self.arrays {
-            visit.call(path)?;
-            visit.call(array)?;
+        if let Ok(settle) = self.settle.try_lock() {
+            visit.call(settle.as_ref())?;
+        }
+        if let Ok(bound) = self.bound.try_lock() {
+            visit.call(&bound.args)?;
+            visit.call(&bound.kwargs)?;
+            for (path, array) in &bound.arrays {
+                visit.call(path)?;
+                visit.call(array)?;
+            }
         }
         Ok(())
     }
 }
 
 impl BoundFunction {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Arguments> {
+        self.bound.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// `err`, naming the bound argument that it is about where a bound array was deleted or
     /// donated (read only when a call fails).
     fn named(&self, py: Python<'_>, err: PyErr) -> PyErr {
@@ -117,7 +189,13 @@ impl BoundFunction {
         let Ok(h) = handles(py) else {
             return err;
         };
-        for (path, array) in &self.arrays {
+        let arrays: Vec<(Py<PyString>, Py<PyAny>)> = self
+            .lock()
+            .arrays
+            .iter()
+            .map(|(path, array)| (path.clone_ref(py), array.clone_ref(py)))
+            .collect();
+        for (path, array) in &arrays {
             let deleted = h
                 .arrays
                 .array_is_deleted

@@ -318,6 +318,19 @@ impl Entry {
         })
     }
 
+    /// The position among a call's leaves of each host value that this entry places, with the
+    /// input sharding it is placed on.
+    pub fn host_targets(&self, py: Python<'_>) -> Vec<(usize, Py<PyAny>)> {
+        self.inputs
+            .iter()
+            .enumerate()
+            .filter_map(|(j, input)| match input {
+                Input::Host(host) => Some((j, host.host.target().clone_ref(py))),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// Whether a call's leaves are the executable's inputs as they are (see `run_arrays`).
     pub fn passes_through(&self) -> bool {
         self.passthrough

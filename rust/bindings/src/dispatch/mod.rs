@@ -721,6 +721,17 @@ impl JitFunction {
         lock(&self.cache).len()
     }
 
+    /// The host values that the latest call's cache entry places: `(position among the call's
+    /// leaves, input sharding)`.
+    #[pyo3(name = "_latest_host_targets")]
+    fn latest_host_targets(&self, py: Python<'_>) -> Vec<(usize, Py<PyAny>)> {
+        let latest = lock(&self.recent).first().cloned();
+        match latest.as_ref().and_then(|cached| cached.outcome.get()) {
+            Some(Outcome::Run(entry)) => entry.host_targets(py),
+            _ => Vec::new(),
+        }
+    }
+
     /// How many arrays of the latest calls are remembered by weak reference (see `SeenArrays`).
     #[pyo3(name = "_held_arrays")]
     fn held_arrays(&self) -> usize {
