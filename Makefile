@@ -6,10 +6,15 @@ PY := $(VENV)/bin/python
 export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
 export JAX_PLATFORMS ?= cpu
 
-.PHONY: demo test build venv rust-test py-test lint bench clean
+.PHONY: demo serve test build venv rust-test py-test lint bench clean
 
 demo: build
 	$(PY) examples/demo.py
+
+# A serving loop: a small transformer decoding requests on 4 threads, tensor-parallel on 8
+# devices, with its latency per step for a bound function, fastpjit.jit and jax.jit.
+serve: build
+	$(PY) examples/serve.py --devices 8
 
 test: build rust-test py-test
 
