@@ -95,3 +95,140 @@ def test_x64_switched_per_thread(mode):
     # Four threads, two of them under jax.enable_x64, each round with a fresh function (so
     # that misses race too); with jax.default_device per thread in "device".
     assert_ok(run_child(X64_THREADS_CHILD, mode, "12", "60", timeout=110))
+
+
+# Deep pytrees. The dispatcher reads trees by recursion, to a bounded depth; a deeper tree is
+# JAX's to handle, which raises SystemError where its own recursion gives up (about 16,000
+# levels on the main thread) and works up to about 600 levels in a thread of 256 KiB.
+DEEP_CHILD = """
+import sys, threading, numpy as np, jax, fastpjit
+
+def nest(kind, depth, leaf):
+    for _ in range(depth):
+        leaf = [leaf] if kind == "list" else (leaf,) if kind == "tuple" else {"a": leaf}
+    return leaf
+
+def outcome(f, arg, expected):
+    try:
+        for _ in range(2):
+            out = f(arg)
+        return "ok" if jax.tree.structure(out) == jax.tree.structure(expected) else "wrong tree"
+    except Exception as err:
+        return type(err).__name__
+
+def check(cases):
+    for api, kind, depth in cases:
+        leaf = np.float32(1) if api == "jit" else np.ones(8, np.float32)
+        t = nest(kind, depth, leaf)
+        ours = getattr(fastpjit, api)(lambda t: t)
+        theirs = getattr(jax, api)(lambda t: t)
+        expected = outcome(theirs, t, t)
+        assert outcome(ours, t, t) == expected, (api, kind, depth, expected)
+        # A shallow argument, a deep output.
+        ours = getattr(fastpjit, api)(lambda x: nest(kind, depth, x))
+        theirs = getattr(jax, api)(lambda x: nest(kind, depth, x))
+        expected = outcome(theirs, leaf, t)
+        assert outcome(ours, leaf, t) == expected, (api, kind, depth, expected)
+
+if sys.argv[1] == "main":
+    check([("jit", "list", 16000), ("jit", "dict", 20000), ("pmap", "tuple", 16000)])
+else:
+    threading.stack_size(256 * 1024)
+    errors = []
+    def run():
+        try:
+            check([("jit", "list", 480), ("jit", "tuple", 600), ("pmap", "dict", 480),
+                   ("jit", "dict", 100), ("pmap", "list", 101)])
+        except BaseException as err:
+            errors.append(repr(err))
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    assert not errors, errors
+stats = fastpjit.stats()["fallbacks"]
+assert any("deeper than" in reason for reason in stats), stats
+print("ok")
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("where", ["main", "thread"])
+def test_deeply_nested_pytrees_do_not_crash(where):
+    assert_ok(run_child(DEEP_CHILD, where, timeout=110))
+
+
+# A property: random trees, deep and wide, of lists, tuples, dicts, None, namedtuples and
+# registered nodes, come back from `fastpjit.jit(lambda t: t)` as from `jax.jit`, with JAX's
+# flattening. In a child, and in a thread of 256 KiB (where JAX works up to about 600 levels):
+# the dispatcher's own reading of a tree must not give up sooner than JAX's.
+TREE_PROPERTY_CHILD = """
+import collections, sys, threading
+import numpy as np, jax, fastpjit
+from hypothesis import given, settings, strategies as st
+
+Point = collections.namedtuple("Point", "x y")
+
+class Box:
+    def __init__(self, items, label):
+        self.items, self.label = items, label
+
+jax.tree_util.register_pytree_node(
+    Box, lambda b: (b.items, b.label), lambda label, items: Box(list(items), label))
+
+KINDS = ["list", "tuple", "dict", "point", "box"]
+
+def wrap(kind, inner, sibling):
+    if kind == "list":
+        return [inner, sibling]
+    if kind == "tuple":
+        return (sibling, inner)
+    if kind == "dict":
+        return {"b": inner, "a": sibling, "c": None}
+    if kind == "point":
+        return Point(inner, sibling)
+    return Box([inner, sibling], "label")
+
+leaves = st.one_of(st.floats(-10, 10, width=32).map(np.float32),
+                   st.integers(0, 5).map(lambda n: np.arange(n, dtype=np.float32)),
+                   st.none())
+wide = st.recursive(leaves, lambda inner: st.one_of(
+    st.lists(inner, max_size=4), st.lists(inner, max_size=3).map(tuple),
+    st.dictionaries(st.sampled_from("abcd"), inner, max_size=3),
+    st.tuples(inner, inner).map(lambda p: Point(*p))), max_leaves=12)
+
+@settings(max_examples=int(sys.argv[1]), deadline=None, database=None)
+@given(depth=st.integers(0, int(sys.argv[2])),
+       kinds=st.lists(st.sampled_from(KINDS), min_size=1, max_size=6),
+       siblings=st.lists(wide, min_size=1, max_size=4), leaf=leaves)
+def check(depth, kinds, siblings, leaf):
+    tree = leaf
+    for i in range(depth):
+        tree = wrap(kinds[i % len(kinds)], tree, siblings[i % len(siblings)])
+    expected_leaves, expected_tree = jax.tree.flatten(jax.jit(lambda t: t)(tree))
+    f = fastpjit.jit(lambda t: t)
+    for _ in range(2):
+        out_leaves, out_tree = jax.tree.flatten(f(tree))
+    assert out_tree == expected_tree
+    assert len(out_leaves) == len(expected_leaves)
+    for a, b in zip(out_leaves, expected_leaves):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+threading.stack_size(256 * 1024)
+errors = []
+def run():
+    try:
+        check()
+    except BaseException as err:
+        errors.append(repr(err)[:3000])
+thread = threading.Thread(target=run)
+thread.start()
+thread.join()
+assert not errors, errors
+print("ok")
+"""
+
+
+@pytest.mark.timeout(120)
+def test_random_deep_and_wide_trees_round_trip_as_in_jax():
+    assert_ok(run_child(TREE_PROPERTY_CHILD, "25", "560", timeout=110))
