@@ -2,6 +2,7 @@
 thread, deep pytrees, hostile HLO, arrays deleted mid-call. Each check that could crash runs in
 a child process, so that a crash fails its test instead of ending the suite."""
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -232,3 +233,100 @@ print("ok")
 @pytest.mark.timeout(120)
 def test_random_deep_and_wide_trees_round_trip_as_in_jax():
     assert_ok(run_child(TREE_PROPERTY_CHILD, "25", "560", timeout=110))
+
+
+# Hostile HLO. XLA aborts the process on some malformed modules, and overflows its stack on
+# others, in jaxlib's own parse-and-compile path too: compile_hlo refuses them first, with a
+# ValueError that names the line.
+HOSTILE_HLO = """\
+HloModule add, entry_computation_layout={(f32[8,4]{1,0}, f32[8,4]{1,0})->(f32[8,4]{1,0})}
+
+%add.3 (x.4: f32[8,4], y.5: f32[8,4]) -> f32[8,4] {
+  %x.4 = f32[8,4]{1,0} parameter(0)
+  %y.5 = f32[8,4]{1,0} parameter(1)
+  ROOT %add.6 = f32[8,4]{1,0} add(f32[8,4]{1,0} %x.4, f32[8,4]{1,0} %y.5)
+}
+
+ENTRY %main.9 (p0.1: f32[8,4], p1.2: f32[8,4]) -> (f32[8,4]) {
+  %p0.1 = f32[8,4]{1,0} parameter(0), sharding={devices=[2,1]0,1}
+  %p1.2 = f32[8,4]{1,0} parameter(1), sharding={devices=[2,1]0,1}
+  %call.7 = f32[8,4]{1,0} call(f32[8,4]{1,0} %p0.1, f32[8,4]{1,0} %p1.2), to_apply=%add.3
+  ROOT %tuple.8 = (f32[8,4]{1,0}) tuple(f32[8,4]{1,0} %call.7)
+}
+"""
+HOSTILE_MLIR = """\
+module @m {
+  func.func public @main(%a: tensor<2xf32>) -> tensor<2xf32> {
+    %0 = stablehlo.add %a, %a : tensor<2xf32>
+    return %0 : tensor<2xf32>
+  }
+}
+"""
+
+
+def _nested_regions(depth: int) -> str:
+    inner = "%0 = stablehlo.constant dense<1.0> : tensor<f32>"
+    for _ in range(depth):
+        inner = '"stablehlo.optimization_barrier"() ({' + inner + "}) : () -> ()"
+    first = "    %0 = stablehlo.add"
+    return HOSTILE_MLIR.replace(first, "    " + inner + "\n" + first)
+
+
+HOSTILE_CASES = {
+    "parameter beyond": (HOSTILE_HLO.replace("%y.5 = f32[8,4]{1,0} parameter(1)",
+                                             "%y.5 = f32[8,4]{1,0} parameter(5)"), 5),
+    "manual parameter": (HOSTILE_HLO.replace("parameter(0), sharding={devices=[2,1]0,1}",
+                                             "parameter(0), sharding={manual}"), 10),
+    "entry layout": (HOSTILE_HLO.replace("{(f32[8,4]{1,0}, f32[8,4]{1,0})->",
+                                         "{(f32[8,4]{1,0}, f32[8,4]{1,0}, f32[8,4]{1,0})->"), 1),
+    **{f"{n} parentheses": (HOSTILE_HLO.replace(
+        "= (f32[8,4]{1,0}) tuple", "= " + "(" * n + "f32[8,4]{1,0}" + ")" * n + " tuple"), 13)
+       for n in (10_000, 100_000)},
+    "mlir 5000 deep": (_nested_regions(5000), 3),
+}
+
+HOSTILE_CHILD = """
+import json, random, sys
+import numpy as np, fastpjit
+
+with open(sys.argv[1]) as file:
+    cases, seeds = json.load(file)
+count = int(sys.argv[2])
+for name, (text, line) in cases.items():
+    try:
+        fastpjit.compile_hlo(text)
+    except ValueError as err:
+        assert f"line {line}:" in str(err), (name, str(err)[:500])
+    else:
+        raise AssertionError(f"{name}: compiled")
+
+rng = random.Random(28)
+alphabet = "(){}[]<>,=%:/* \\n0123456789-parametrmanualENTRY"
+for i in range(count):
+    text = list(seeds[i % len(seeds)])
+    for _ in range(rng.randint(1, 4)):
+        at = rng.randrange(len(text) + 1)
+        op = rng.randrange(4)
+        if op == 0 and at < len(text):
+            text[at] = rng.choice(alphabet)
+        elif op == 1:
+            text.insert(at, rng.choice(alphabet))
+        elif op == 2 and at < len(text):
+            del text[at]
+        else:
+            span = text[at:at + rng.randint(1, 8)]
+            text[at:at] = span * rng.choice([2, 50, 3000])
+    try:
+        f = fastpjit.compile_hlo("".join(text))
+    except Exception:
+        continue
+print("ok")
+"""
+
+
+@pytest.mark.timeout(120)
+def test_hostile_modules_are_refused_before_xla_reads_them(tmp_path):
+    # The six modules that killed the process, then 200 mutated ones, none of which may.
+    inputs = tmp_path / "modules.json"
+    inputs.write_text(json.dumps([HOSTILE_CASES, [HOSTILE_HLO, HOSTILE_MLIR]]))
+    assert_ok(run_child(HOSTILE_CHILD, str(inputs), "200", timeout=110))

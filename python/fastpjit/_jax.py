@@ -1015,6 +1015,9 @@ def read_hlo_module(module: str | bytes) -> HloProgram:
     malformed, NotImplementedError where fastpjit cannot run it."""
     with _mlir.make_ir_context():
         header = _HLO_HEADER.match(module) if isinstance(module, str) else None
+        if isinstance(module, str):
+            # What XLA's parsers would abort or overflow their stack on, refused first.
+            _native.check_module_text(module, header is None)
         if header is not None:
             parsed, tuple_result = _from_hlo_proto(_parse_hlo_text(module))
         elif isinstance(module, str) or module[:4] == _MLIR_BYTECODE_MAGIC:
