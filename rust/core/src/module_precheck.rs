@@ -81,7 +81,7 @@ fn significant(text: &str) -> Vec<u8> {
 
 /// The line of byte offset `at`.
 fn line_of(text: &[u8], at: usize) -> usize {
-    1 + text[..at].iter().filter(|&&b| b == b'\n').count()
+    text[..at].split(|&b| b == b'\n').count()
 }
 
 /// Checks that brackets (`(`, `[`, `{`, and `<` where `angles`) nest at most `MAX_NESTING`
@@ -252,7 +252,7 @@ fn find_word(text: &[u8], word: &[u8]) -> Option<usize> {
 
 /// Checks HLO text before XLA's parser reads it: bracket nesting; in each computation,
 /// parameter numbers that are its parameters, each once; in the entry computation, no
-/// `{manual}` parameter sharding (whose data lies nowhere that compile_hlo could place it);
+/// `{manual}` parameter sharding (whose data lies nowhere that `compile_hlo` could place it);
 /// and an `entry_computation_layout` of the entry's parameters.
 pub fn check_hlo_text(text: &str) -> Result<(), PrecheckError> {
     let text = significant(text);
@@ -521,9 +521,9 @@ ENTRY %main.9 (p0.1: f32[8,4], p1.2: f32[8,4]) -> (f32[8,4]) {
 
     /// `text` mutated as a fuzzer would: bytes replaced, inserted, removed, spans repeated.
     fn mutate(rng: &mut Rng, text: &str) -> String {
-        let mut bytes = text.as_bytes().to_vec();
         const ALPHABET: &[u8] = b"(){}[]<>,=%:\"/*\\\n 0123456789-parametrENTRYmanual";
-        for _ in 0..1 + rng.below(6) {
+        let mut bytes = text.as_bytes().to_vec();
+        for _ in 0..=rng.below(6) {
             let at = rng.below(bytes.len() + 1);
             match rng.below(5) {
                 0 if at < bytes.len() => bytes[at] = ALPHABET[rng.below(ALPHABET.len())],

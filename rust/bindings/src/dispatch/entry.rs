@@ -355,9 +355,9 @@ impl Entry {
     /// shards, are not told apart: comparing buffers waits for the arrays to be computed,
     /// which a donation loop would pay on every call. JAX's own jit crashes on those too.)
     fn check_donations(&self, leaves: &[Bound<'_, PyAny>]) -> PyResult<()> {
-        let passes = |j: usize| self.passthrough || matches!(self.inputs[j], Input::Pass);
+        let as_is = |j: usize| self.passthrough || matches!(self.inputs[j], Input::Pass);
         let clash = self.donated.iter().any(|&d| {
-            passes(d) && (0..leaves.len()).any(|k| k != d && passes(k) && leaves[k].is(&leaves[d]))
+            as_is(d) && (0..leaves.len()).any(|k| k != d && as_is(k) && leaves[k].is(&leaves[d]))
         });
         if !clash {
             return Ok(());

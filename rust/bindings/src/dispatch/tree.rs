@@ -74,6 +74,9 @@ static DATACLASSES: BoundedCache<usize, Arc<KnownType>> = BoundedCache::new(256)
 /// A type, held, and its dataclass fields if it is a registered dataclass.
 type KnownType = (Py<PyType>, Option<Arc<DataclassFields>>);
 
+/// A tree read from a call's arguments, and their leaves.
+type Derived<'py> = (Tree, Vec<Bound<'py, PyAny>>);
+
 /// A node's children and node data, as JAX's registry gives them.
 type OneLevel<'py> = (Vec<Bound<'py, PyAny>>, Bound<'py, PyAny>);
 
@@ -135,7 +138,7 @@ impl Tree {
         py: Python<'py>,
         h: &Handles,
         args: &[Bound<'py, PyAny>],
-    ) -> PyResult<Result<(Self, Vec<Bound<'py, PyAny>>), Unkeyable>> {
+    ) -> PyResult<Result<Derived<'py>, Unkeyable>> {
         let mut nodes = Vec::new();
         let mut leaves = Vec::with_capacity(args.len());
         for arg in args {
@@ -323,21 +326,11 @@ fn derive_into<'py>(
     }
     if let Ok(tuple) = value.cast_exact::<PyTuple>() {
         nodes.push(Node::Tuple(tuple.len()));
-        for item in tuple.iter() {
-            if let Err(why) = derive_into(h, &item, nodes, leaves, depth + 1)? {
-                return Ok(Err(why));
-            }
-        }
-        return Ok(Ok(()));
+        return derive_all(h, tuple.iter(), nodes, leaves, depth + 1);
     }
     if let Ok(list) = value.cast_exact::<PyList>() {
         nodes.push(Node::List(list.len()));
-        for item in list.iter() {
-            if let Err(why) = derive_into(h, &item, nodes, leaves, depth + 1)? {
-                return Ok(Err(why));
-            }
-        }
-        return Ok(Ok(()));
+        return derive_all(h, list.iter(), nodes, leaves, depth + 1);
     }
     if let Ok(dict) = value.cast_exact::<PyDict>() {
         let sorted = py
@@ -411,8 +404,20 @@ fn derive_into<'py>(
         data_hash,
         arity: children.len(),
     });
-    for item in &children {
-        if let Err(why) = derive_into(h, item, nodes, leaves, depth + 1)? {
+    derive_all(h, children.into_iter(), nodes, leaves, depth + 1)
+}
+
+/// Appends the nodes and leaves of `items`, each a node `depth` containers deep, as
+/// `derive_into` does.
+fn derive_all<'py>(
+    h: &Handles,
+    items: impl Iterator<Item = Bound<'py, PyAny>>,
+    nodes: &mut Vec<Node>,
+    leaves: &mut Vec<Bound<'py, PyAny>>,
+    depth: usize,
+) -> PyResult<Result<(), Unkeyable>> {
+    for item in items {
+        if let Err(why) = derive_into(h, &item, nodes, leaves, depth)? {
             return Ok(Err(why));
         }
     }
