@@ -14,6 +14,7 @@ __all__ = [
     "__version__",
     "addressable_devices_indices_map",
     "canonical_hlo_sharding",
+    "check_module_text",
     "clear_dispatch_memo",
     "count_compiles",
     "count_fallback",
