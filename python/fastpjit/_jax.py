@@ -405,13 +405,55 @@ def _run_checked(executable: Any, const_args: Sequence[Any], args_flat: Sequence
     jax_debug_infs on, an invalid output reruns the function without jit to find where it
     arises, and raises JAX's FloatingPointError."""
     try:
-        return executable.unsafe_call(*const_args, *args_flat)
+        return executable.unsafe_call(*const_args, *_placed_host_args(executable, const_args,
+                                                                       args_flat))
     except _api_util.InternalFloatingPointError as err:
         if getattr(fun, "_apply_primitive", False):
             raise FloatingPointError(
                 f"invalid value ({err.ty}) encountered in {fun.__qualname__}") from None
         _api_util.maybe_recursive_nan_check(err, fun, args, kwargs)  # raises
         raise RuntimeError("Internal error") from err
+
+
+_HOST_VALUE_TYPES = (np.ndarray, np.generic, bool, int, float, complex)
+
+
+def _placed_host_args(executable: Any, const_args: Sequence[Any],
+                      args_flat: Sequence[Any]) -> Sequence[Any]:
+    """`args_flat` with each host value (a numpy array or scalar, a Python scalar) placed on
+    its input's sharding as the executable's input dtype, which the lowering fixed.
+
+    JAX's `shard_args` converts host values by jaxlib's `canonicalize_value`, whose view of
+    x64 is not always the calling thread's while other threads switch x64 (measured: 1 run in
+    3 of 4 threads, two under `jax.enable_x64`, gives a float64 executable a float32 buffer,
+    with `jax.jit` alike); on several devices jaxlib then reads the wrong buffer unchecked.
+    Values placed here never reach it. Any value that does not convert is left to JAX."""
+    call = executable.unsafe_call
+    handler = getattr(call, "in_handler", None)
+    kept = getattr(call, "kept_var_idx", None)
+    if handler is None or kept is None or getattr(call, "mut", None) is not None:
+        return args_flat
+    num_consts = len(const_args)
+    positions = [i for i in range(num_consts + len(args_flat)) if i in kept]
+    in_avals = executable.in_avals
+    if not len(positions) == len(in_avals) == len(handler.in_shardings):
+        return args_flat
+    placed = list(args_flat)
+    for k, i in enumerate(positions):
+        j = i - num_consts
+        if j < 0 or not isinstance(placed[j], _HOST_VALUE_TYPES):
+            continue
+        dtype = getattr(in_avals[k], "dtype", None)
+        if not isinstance(dtype, np.dtype) or dtype.itemsize == 0:
+            continue
+        try:
+            value = np.asarray(placed[j], dtype=dtype)
+        except (OverflowError, TypeError, ValueError):
+            continue
+        placed[j] = _pxla.shard_args(
+            [handler.in_shardings[k]], [handler.in_layouts[k]],
+            [xc.ArrayCopySemantics.REUSE_INPUT], [value], canonicalize=False)[0]
+    return placed
 
 
 def _fast_path_and_reason(fast: Any, donated: Sequence[bool],
@@ -1028,6 +1070,9 @@ def read_hlo_module(module: str | bytes) -> HloProgram:
     malformed, NotImplementedError where fastpjit cannot run it."""
     with _mlir.make_ir_context():
         header = _HLO_HEADER.match(module) if isinstance(module, str) else None
+        if isinstance(module, str):
+            # What XLA's parsers would abort or overflow their stack on, refused first.
+            _native.check_module_text(module, header is None)
         if header is not None:
             parsed, tuple_result = _from_hlo_proto(_parse_hlo_text(module))
         elif isinstance(module, str) or module[:4] == _MLIR_BYTECODE_MAGIC:

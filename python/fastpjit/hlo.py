@@ -178,17 +178,26 @@ class _Program:
 
     def _check_donations(self, inputs: list[Any]) -> None:
         """No donated buffer may also be another input of the call: jaxlib crashes on that
-        with multi-device arrays (JAX's own jit too). The dispatcher checks cached calls."""
-        donated = [i for i, d in enumerate(self.donated) if d]
-        if not donated:
+        with multi-device arrays (JAX's own jit too). Raises the ValueError of JAX's cached
+        path, as the dispatcher does for cached calls."""
+        if not any(self.donated):
             return
-        buffers = [_jax.buffer_id(x) for x in inputs]
-        for i in donated:
-            for j, other in enumerate(buffers):
-                if j != i and other == buffers[i]:
-                    raise _jax.JaxRuntimeError(
-                        f"INVALID_ARGUMENT: argument {i} (flattened) is donated, and its buffer "
-                        f"is also argument {j} of the same call: pass a copy to one of them")
+        first_use: dict[Any, int] = {}
+        for i, x in enumerate(inputs):
+            j = first_use.setdefault(_jax.buffer_id(x), i)
+            if j == i:
+                continue
+            if self.donated[j]:
+                what, example = ("Attempt to use a buffer that was previously donated in the "
+                                 "same call to Execute()", "f(donate(a), a)")
+            elif self.donated[i]:
+                what, example = ("Attempt to donate a buffer which is also used by the same "
+                                 "call to Execute()", "f(a, donate(a))")
+            else:
+                continue
+            raise ValueError(f"INVALID_ARGUMENT: {what} (flattened argument {i}, replica 0, "
+                             f"partition 0, first use: {j}). Toy example for this bug: "
+                             f"`{example}`.")
 
     def _inputs(self, args: tuple[Any, ...],
                 kwargs: dict[str, Any]) -> tuple[list[Any], list[Any]]:

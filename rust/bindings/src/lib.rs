@@ -6,6 +6,7 @@ mod errors;
 mod host_memory;
 mod index_maps;
 mod jax;
+mod module_text;
 mod process_local;
 mod shard_buffer;
 mod sharding;
@@ -42,6 +43,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m
     )?)?;
     m.add_function(wrap_pyfunction!(host_memory::set_host_pool_limit, m)?)?;
+    m.add_function(wrap_pyfunction!(module_text::check_module_text, m)?)?;
     m.add_class::<dispatch::JitFunction>()?;
     m.add_class::<dispatch::DispatchCache>()?;
     m.add_class::<dispatch::BoundFunction>()?;

@@ -14,6 +14,7 @@ pub mod index_map;
 pub mod kept_values;
 pub mod lru;
 pub mod mesh;
+pub mod module_precheck;
 pub mod process_local;
 pub mod strided;
 pub mod tile;

@@ -248,7 +248,7 @@ impl Entry {
             call.leaf_tuple()?
         } else {
             if !self.donated.is_empty() {
-                self.check_donations(h, leaves)?;
+                self.check_donations(leaves)?;
             }
             let mut inputs: Vec<Bound<'py, PyAny>> =
                 Vec::with_capacity(self.const_inputs.len() + leaves.len());
@@ -364,7 +364,7 @@ impl Entry {
     /// it refuses them, and they are named after (see `execute`).
     fn check_arrays(&self, h: &Handles, leaves: &[Bound<'_, PyAny>]) -> PyResult<()> {
         if !self.donated.is_empty() {
-            self.check_donations(h, leaves)?;
+            self.check_donations(leaves)?;
         }
         if self.multi_device {
             for (j, leaf) in leaves.iter().enumerate() {
@@ -416,20 +416,63 @@ impl Entry {
     /// set of buffers, made with `jax.make_array_from_single_device_arrays` from another's
     /// shards, are not told apart: comparing buffers waits for the arrays to be computed,
     /// which a donation loop would pay on every call. JAX's own jit crashes on those too.)
-    fn check_donations(&self, h: &Handles, leaves: &[Bound<'_, PyAny>]) -> PyResult<()> {
-        for &d in &self.donated {
-            let donated = &leaves[d];
-            if let Some(k) = (0..leaves.len()).find(|&k| k != d && leaves[k].is(donated)) {
-                return Err(PyErr::from_type(
-                    h.runtime_error.bind(donated.py()).clone(),
-                    format!(
-                        "INVALID_ARGUMENT: argument {d} (flattened) is donated, and its buffer is \
-                         also argument {k} of the same call: pass a copy to one of them"
-                    ),
-                ));
-            }
+    fn check_donations(&self, leaves: &[Bound<'_, PyAny>]) -> PyResult<()> {
+        let as_is = |j: usize| self.passthrough || matches!(self.inputs[j], Input::Pass);
+        let clash = self.donated.iter().any(|&d| {
+            as_is(d) && (0..leaves.len()).any(|k| k != d && as_is(k) && leaves[k].is(&leaves[d]))
+        });
+        if !clash {
+            return Ok(());
+        }
+        let passed = self.passed_as_is(leaves.len());
+        // As jaxlib reports it: the first input whose buffer an earlier input had, numbered
+        // among the executable's inputs.
+        let donated = |j: usize| self.donated.contains(&j);
+        for (at, &(input, j)) in passed.iter().enumerate() {
+            let Some(&(first, k)) = passed[..at]
+                .iter()
+                .find(|&&(_, k)| leaves[k].is(&leaves[j]))
+            else {
+                continue;
+            };
+            let what = if donated(k) {
+                "Attempt to use a buffer that was previously donated in the same call to \
+                 Execute()"
+            } else if donated(j) {
+                "Attempt to donate a buffer which is also used by the same call to Execute()"
+            } else {
+                continue;
+            };
+            let example = if donated(k) {
+                "f(donate(a), a)"
+            } else {
+                "f(a, donate(a))"
+            };
+            return Err(PyValueError::new_err(format!(
+                "INVALID_ARGUMENT: {what} (flattened argument {input}, replica 0, partition 0, \
+                 first use: {first}). Toy example for this bug: `{example}`."
+            )));
         }
         Ok(())
+    }
+
+    /// The leaves passed to the executable as they are, each with its place among the
+    /// executable's inputs (after its constants): `(input, leaf)`.
+    fn passed_as_is(&self, num_leaves: usize) -> Vec<(usize, usize)> {
+        if self.passthrough {
+            return (0..num_leaves).map(|j| (j, j)).collect();
+        }
+        let mut input = self.const_inputs.len();
+        let mut passed = Vec::new();
+        for (j, how) in self.inputs.iter().enumerate() {
+            match how {
+                Input::Dropped => continue,
+                Input::Pass => passed.push((input, j)),
+                _ => {}
+            }
+            input += 1;
+        }
+        passed
     }
 
     /// The outputs of a pmap across processes as host-local arrays, where `local` says so.

@@ -4,10 +4,10 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyString, PyType};
+use pyo3::types::PyString;
 
 use super::context::MAX_STATES;
-use crate::jax::{arrays, attribute as get, private, type_attribute as get_type, Arrays};
+use crate::jax::{arrays, attribute as get, private, Arrays};
 
 pub struct Handles {
     pub trace_context: Py<PyAny>,
@@ -44,8 +44,6 @@ pub struct Handles {
     guard_thread_state: Py<PyAny>,
     guard_global_state: Py<PyAny>,
     guard_allow: Py<PyAny>,
-    /// JAX's error type for what jaxlib refuses to run.
-    pub runtime_error: Py<PyType>,
     /// `ArrayImpl._rewrap_with_aval_and_sharding`: the same buffers as another global array.
     pub rewrap: Py<PyAny>,
 }
@@ -97,7 +95,6 @@ fn fetch(py: Python<'_>) -> PyResult<Handles> {
         guard_thread_state: get(jax, "transfer_guard_thread_state")?,
         guard_global_state: get(jax, "transfer_guard_global_state")?,
         guard_allow: get(jax, "TRANSFER_GUARD_ALLOW")?,
-        runtime_error: get_type(jax, "JaxRuntimeError")?,
         rewrap: get(jax, "array_rewrap")?,
     })
 }

@@ -85,6 +85,7 @@ struct Reasons {
     unhashable: String,
     overflow: String,
     recursion: String,
+    deep: String,
 }
 
 impl Reasons {
@@ -92,6 +93,7 @@ impl Reasons {
         match why {
             Unkeyable::Leaf => &self.unkeyable,
             Unkeyable::UnhashableStatic => &self.unhashable,
+            Unkeyable::Deep => &self.deep,
         }
     }
 
@@ -106,6 +108,10 @@ impl Reasons {
             unhashable: format!("{kind}: a static argument has no hash; JAX raises its error"),
             overflow: format!("{kind}: a Python int too large for its dtype; JAX raises its error"),
             recursion: format!("{kind}: a call made while its own cache miss runs; JAX runs it"),
+            deep: format!(
+                "{kind}: an argument nests containers deeper than {} levels; JAX runs the call",
+                tree::MAX_DEPTH
+            ),
         }
     }
 }
@@ -250,7 +256,7 @@ impl JitFunction {
 
     /// Flattens the call's dynamic arguments and reads their leaves (the arrays of the latest
     /// call as `seen` remembers them), against the latest entry's tree when the call has it;
-    /// false if JAX must handle a leaf.
+    /// why not, where JAX must handle the call.
     fn flatten<'a, 'py>(
         &self,
         py: Python<'py>,
@@ -258,14 +264,14 @@ impl JitFunction {
         call: &mut LiveCall<'a, 'py>,
         latest: Option<&'a Arc<Cached>>,
         seen: &mut SeenArrays,
-    ) -> PyResult<bool> {
+    ) -> PyResult<Result<(), Unkeyable>> {
         if let Some(latest) = latest {
             let tree = &latest.signature.tree;
             if tree.flat {
                 if call.dynamic().len() == tree.num_leaves {
                     if let Some(keys) = seen.read_all(h, call.dynamic())? {
                         call.set_tree(Cow::Borrowed(tree), None, keys);
-                        return Ok(true);
+                        return Ok(Ok(()));
                     }
                 }
             } else {
@@ -273,21 +279,22 @@ impl JitFunction {
                 if tree.flatten(h, call.dynamic(), &mut leaves)? {
                     if let Some(keys) = seen.read_all(h, &leaves)? {
                         call.set_tree(Cow::Borrowed(tree), Some(leaves), keys);
-                        return Ok(true);
+                        return Ok(Ok(()));
                     }
                 }
             }
         }
-        let Some((tree, leaves)) = Tree::derive(py, h, call.dynamic())? else {
-            return Ok(false);
+        let (tree, leaves) = match Tree::derive(py, h, call.dynamic())? {
+            Ok(derived) => derived,
+            Err(why) => return Ok(Err(why)),
         };
         let Some(keys) = seen.read_all(h, &leaves)? else {
-            return Ok(false);
+            return Ok(Err(Unkeyable::Leaf));
         };
         let tree = self.intern(py, tree)?;
         let nested = (!tree.flat).then_some(leaves);
         call.set_tree(Cow::Owned(tree), nested, keys);
-        Ok(true)
+        Ok(Ok(()))
     }
 
     /// The function's own copy of `tree`, shared by the entries that have it.
@@ -644,8 +651,10 @@ impl JitFunction {
         };
         let latest = lock(&this.recent).first().cloned();
         let mut call = LiveCall::split(&this.statics, args, kwargs, context)?;
-        if !this.with_seen(|seen| this.flatten(py, h, &mut call, latest.as_ref(), seen))? {
-            return this.to_jax(py, this.reasons.unkeyable(Unkeyable::Leaf), args, kwargs);
+        if let Err(why) =
+            this.with_seen(|seen| this.flatten(py, h, &mut call, latest.as_ref(), seen))?
+        {
+            return this.to_jax(py, this.reasons.unkeyable(why), args, kwargs);
         }
         let mut found = Self::lookup_recent(&call, latest.iter())?;
         if found.is_none() {

@@ -197,6 +197,8 @@ pub enum Unkeyable {
     Leaf,
     /// A static argument without a hash.
     UnhashableStatic,
+    /// Containers nested deeper than the dispatcher reads (`tree::MAX_DEPTH`).
+    Deep,
 }
 
 /// Whether two static arguments are equal as JAX compares them: the same type, then `==`;

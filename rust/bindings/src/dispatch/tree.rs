@@ -21,7 +21,15 @@ use pyo3::PyTraverseError;
 use rustc_hash::{FxHashMap, FxHasher};
 
 use super::handles::Handles;
+use super::signature::Unkeyable;
 use crate::cache::BoundedCache;
+
+/// How deeply containers may nest in a tree read here. Reading a tree recurses, as do
+/// flattening a call against it and building outputs from it; a deeper tree is left to JAX,
+/// which handles what depth it does (its own limit is far deeper on the main thread, but a
+/// thread's stack can be small: JAX's flatten works up to about 600 levels in a thread of
+/// 256 KiB, which this bound keeps well within).
+pub const MAX_DEPTH: usize = 100;
 
 pub enum Node {
     Leaf,
@@ -65,6 +73,9 @@ static DATACLASSES: BoundedCache<usize, Arc<KnownType>> = BoundedCache::new(256)
 
 /// A type, held, and its dataclass fields if it is a registered dataclass.
 type KnownType = (Py<PyType>, Option<Arc<DataclassFields>>);
+
+/// A tree read from a call's arguments, and their leaves.
+type Derived<'py> = (Tree, Vec<Bound<'py, PyAny>>);
 
 /// A node's children and node data, as JAX's registry gives them.
 type OneLevel<'py> = (Vec<Bound<'py, PyAny>>, Bound<'py, PyAny>);
@@ -120,22 +131,23 @@ impl Tree {
         &EMPTY
     }
 
-    /// The tree of `args` and their leaves, read from the values; None when an argument holds
-    /// an object that is neither a container nor a leaf (JAX's registry says which).
+    /// The tree of `args` and their leaves, read from the values; why not when an argument
+    /// holds an object that is neither a container nor a leaf (JAX's registry says which), or
+    /// containers nested deeper than `MAX_DEPTH`.
     pub fn derive<'py>(
         py: Python<'py>,
         h: &Handles,
         args: &[Bound<'py, PyAny>],
-    ) -> PyResult<Option<(Self, Vec<Bound<'py, PyAny>>)>> {
+    ) -> PyResult<Result<Derived<'py>, Unkeyable>> {
         let mut nodes = Vec::new();
         let mut leaves = Vec::with_capacity(args.len());
         for arg in args {
-            if !derive_into(h, arg, &mut nodes, &mut leaves)? {
-                return Ok(None);
+            if let Err(why) = derive_into(h, arg, &mut nodes, &mut leaves, 0)? {
+                return Ok(Err(why));
             }
         }
         let tree = Self::of(py, nodes, leaves.len())?;
-        Ok(Some((tree, leaves)))
+        Ok(Ok((tree, leaves)))
     }
 
     fn of(py: Python<'_>, nodes: Vec<Node>, num_leaves: usize) -> PyResult<Self> {
@@ -196,7 +208,7 @@ impl Tree {
     pub fn of_builtin_treedef(treedef: &Bound<'_, PyAny>) -> PyResult<Option<Self>> {
         let mut nodes = Vec::new();
         let mut num_leaves = 0;
-        if !builtin_nodes(treedef, &mut nodes, &mut num_leaves)? {
+        if !builtin_nodes(treedef, &mut nodes, &mut num_leaves, 0)? {
             return Ok(None);
         }
         Self::of(treedef.py(), nodes, num_leaves).map(Some)
@@ -295,35 +307,30 @@ fn all_equal<'a>(
     Ok(true)
 }
 
-/// Appends the nodes and leaves of `value`; false if it holds an object that is no leaf.
+/// Appends the nodes and leaves of `value`, a node `depth` containers deep; why not if it
+/// holds an object that is no leaf, or containers deeper than `MAX_DEPTH`.
 fn derive_into<'py>(
     h: &Handles,
     value: &Bound<'py, PyAny>,
     nodes: &mut Vec<Node>,
     leaves: &mut Vec<Bound<'py, PyAny>>,
-) -> PyResult<bool> {
+    depth: usize,
+) -> PyResult<Result<(), Unkeyable>> {
     let py = value.py();
     if value.is_none() {
         nodes.push(Node::Nothing);
-        return Ok(true);
+        return Ok(Ok(()));
+    }
+    if depth >= MAX_DEPTH && !is_leaf_type(h, value) {
+        return Ok(Err(Unkeyable::Deep));
     }
     if let Ok(tuple) = value.cast_exact::<PyTuple>() {
         nodes.push(Node::Tuple(tuple.len()));
-        for item in tuple.iter() {
-            if !derive_into(h, &item, nodes, leaves)? {
-                return Ok(false);
-            }
-        }
-        return Ok(true);
+        return derive_all(h, tuple.iter(), nodes, leaves, depth + 1);
     }
     if let Ok(list) = value.cast_exact::<PyList>() {
         nodes.push(Node::List(list.len()));
-        for item in list.iter() {
-            if !derive_into(h, &item, nodes, leaves)? {
-                return Ok(false);
-            }
-        }
-        return Ok(true);
+        return derive_all(h, list.iter(), nodes, leaves, depth + 1);
     }
     if let Ok(dict) = value.cast_exact::<PyDict>() {
         let sorted = py
@@ -343,7 +350,7 @@ fn derive_into<'py>(
                 .map(|key| sorted_at.get(&(key.as_ptr() as usize)).copied())
                 .collect::<Option<Vec<u32>>>()
             else {
-                return Ok(false);
+                return Ok(Err(Unkeyable::Leaf));
             };
             nodes.push(Node::Dict {
                 keys: keys.iter().map(Bound::unbind).collect(),
@@ -351,18 +358,18 @@ fn derive_into<'py>(
             });
             for key in keys.iter() {
                 let Some(item) = dict.get_item(&key)? else {
-                    return Ok(false);
+                    return Ok(Err(Unkeyable::Leaf));
                 };
-                if !derive_into(h, &item, nodes, leaves)? {
-                    return Ok(false);
+                if let Err(why) = derive_into(h, &item, nodes, leaves, depth + 1)? {
+                    return Ok(Err(why));
                 }
             }
-            return Ok(true);
+            return Ok(Ok(()));
         }
     } else if is_leaf_type(h, value) {
         nodes.push(Node::Leaf);
         leaves.push(value.clone());
-        return Ok(true);
+        return Ok(Ok(()));
     }
     let kind = value.get_type();
     if let Some(fields) = dataclass_fields(h, &kind)? {
@@ -376,18 +383,20 @@ fn derive_into<'py>(
             meta,
         });
         for name in &fields.data {
-            if !derive_into(h, &value.getattr(name.bind(py))?, nodes, leaves)? {
-                return Ok(false);
+            if let Err(why) =
+                derive_into(h, &value.getattr(name.bind(py))?, nodes, leaves, depth + 1)?
+            {
+                return Ok(Err(why));
             }
         }
-        return Ok(true);
+        return Ok(Ok(()));
     }
     let Some((children, data)) = one_level(h, value)? else {
         // JAX's registry holds it as a leaf, and it is none the dispatcher keys.
-        return Ok(false);
+        return Ok(Err(Unkeyable::Leaf));
     };
     let Ok(data_hash) = data.hash() else {
-        return Ok(false);
+        return Ok(Err(Unkeyable::Leaf));
     };
     nodes.push(Node::Registered {
         kind: value.get_type().unbind(),
@@ -395,12 +404,24 @@ fn derive_into<'py>(
         data_hash,
         arity: children.len(),
     });
-    for child in &children {
-        if !derive_into(h, child, nodes, leaves)? {
-            return Ok(false);
+    derive_all(h, children.into_iter(), nodes, leaves, depth + 1)
+}
+
+/// Appends the nodes and leaves of `items`, each a node `depth` containers deep, as
+/// `derive_into` does.
+fn derive_all<'py>(
+    h: &Handles,
+    items: impl Iterator<Item = Bound<'py, PyAny>>,
+    nodes: &mut Vec<Node>,
+    leaves: &mut Vec<Bound<'py, PyAny>>,
+    depth: usize,
+) -> PyResult<Result<(), Unkeyable>> {
+    for item in items {
+        if let Err(why) = derive_into(h, &item, nodes, leaves, depth)? {
+            return Ok(Err(why));
         }
     }
-    Ok(true)
+    Ok(Ok(()))
 }
 
 /// The values of `dict`, which has as many keys as `keys`, in JAX's order, if its keys are
@@ -430,14 +451,19 @@ fn items_in_known_order<'py>(
     Some(items)
 }
 
-/// Pushes the nodes of `treedef` in preorder, as JAX's `node_data` and `children` give them;
-/// false at a node that is not a builtin container.
+/// Pushes the nodes of `treedef`, a node `depth` containers deep, in preorder, as JAX's
+/// `node_data` and `children` give them; false at a node that is not a builtin container, and
+/// below `MAX_DEPTH` containers (JAX's `unflatten` builds such trees).
 fn builtin_nodes(
     treedef: &Bound<'_, PyAny>,
     nodes: &mut Vec<Node>,
     num_leaves: &mut usize,
+    depth: usize,
 ) -> PyResult<bool> {
     let py = treedef.py();
+    if depth >= MAX_DEPTH {
+        return Ok(false);
+    }
     let data = treedef.call_method0(intern!(py, "node_data"))?;
     if data.is_none() {
         nodes.push(Node::Leaf);
@@ -468,7 +494,7 @@ fn builtin_nodes(
         return Ok(false);
     });
     for child in children.iter() {
-        if !builtin_nodes(&child, nodes, num_leaves)? {
+        if !builtin_nodes(&child, nodes, num_leaves, depth + 1)? {
             return Ok(false);
         }
     }
