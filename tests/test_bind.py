@@ -290,3 +290,34 @@ def test_bound_numpy_weights_go_on_the_shardings_that_the_executable_takes():
     after = fastpjit.stats()["functions"][name]
     assert after["fallbacks"] == before["fallbacks"]  # nothing moved by JAX
     assert after["cache_hits"] - before["cache_hits"] >= 2
+
+
+def test_the_bound_path_leaves_calls_of_other_signatures_and_contexts_to_the_dispatcher():
+    """After the first call of positional arrays, a bound call of the same signature runs its
+    entry directly; any other call (shapes, shardings, commitment, x64, keywords, a cleared
+    cache) goes through the dispatcher and matches JAX."""
+    params = jax.device_put(host_params())
+    f = fastpjit.jit(decode_step)
+    g = f.bind(params)
+    token, cache = jnp.ones((8, 4)), jnp.zeros(())
+
+    def same(*args: Any, **kwargs: Any) -> None:
+        assert_same_outputs(g(*args, **kwargs), jax.jit(decode_step)(params, *args, **kwargs))
+
+    stats = fastpjit.stats()["functions"]["decode_step"]
+    hits = stats["cache_hits"]
+    for _ in range(4):
+        same(token, cache)
+    assert fastpjit.stats()["functions"]["decode_step"]["cache_hits"] - hits >= 3
+    same(jnp.ones((3, 4)), cache)                                  # another shape
+    same(jax.device_put(token, jax.devices()[0]), cache)           # committed
+    same(jax.device_put(token, ROW_8), jax.device_put(cache, REPLICATED_8))  # 8 devices
+    same(token, cache, scale=2.0)                                  # a keyword
+    same(np.ones((8, 4), np.float32), cache)                       # numpy
+    with jax.enable_x64(True):
+        same(token, cache)
+    f.clear_cache()
+    misses = fastpjit.stats()["functions"]["decode_step"]["cache_misses"]
+    same(token, cache)
+    assert fastpjit.stats()["functions"]["decode_step"]["cache_misses"] == misses + 1
+    same(token, cache)

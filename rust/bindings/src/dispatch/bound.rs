@@ -3,10 +3,13 @@
 //! arrays are the same objects on every call, so the dispatcher's memo of the latest calls'
 //! arrays reads nothing of them again. Host values bound to a function whose input shardings
 //! are known only once it has compiled are placed after the first call, on the shardings that
-//! its executable takes (`settle`, run once).
+//! its executable takes (`settle`, run once). Once a call of positional arrays has run, its
+//! cache entry is kept (`BoundPath`): a later call whose arrays have the same avals,
+//! shardings and commitment under the same jit key runs it directly, reading the bound
+//! leaves no more (a call costs what the executable does, plus the call's own arguments).
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::gc::PyVisit;
@@ -15,7 +18,7 @@ use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 use pyo3::PyTraverseError;
 
 use super::handles::handles;
-use super::JitFunction;
+use super::{BoundPath, JitFunction};
 
 #[pyclass(module = "fastpjit._core", subclass, frozen)]
 pub struct BoundFunction {
@@ -25,7 +28,14 @@ pub struct BoundFunction {
     /// values bound on the shardings that the call's executable took.
     settle: Mutex<Option<Py<PyAny>>>,
     unsettled: AtomicBool,
+    /// The entry that calls of positional arrays take, learned from the first such call: a
+    /// call that has its signature runs it without reading the bound leaves again.
+    path: Mutex<Option<Arc<BoundPath>>>,
+    /// How many calls failed to teach it: after `LEARNING_CALLS`, calls stop trying.
+    learning: AtomicU32,
 }
+
+const LEARNING_CALLS: u32 = 8;
 
 /// The bound arguments, and the bound arrays, each with its path among them (to name a deleted
 /// one).
@@ -75,6 +85,8 @@ impl BoundFunction {
             bound: Mutex::new(Arguments::new(args, kwargs, arrays)?),
             unsettled: AtomicBool::new(settle.is_some()),
             settle: Mutex::new(settle),
+            path: Mutex::new(None),
+            learning: AtomicU32::new(0),
         })
     }
 
@@ -88,7 +100,12 @@ impl BoundFunction {
     ) -> PyResult<()> {
         let settled = Arguments::new(args, kwargs, arrays)?;
         let old = std::mem::replace(&mut *self.lock(), settled);
-        drop(old);
+        let path = self
+            .path
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        drop((old, path));
         Ok(())
     }
 
@@ -100,6 +117,25 @@ impl BoundFunction {
     ) -> PyResult<Bound<'py, PyAny>> {
         let py = slf.py();
         let this = slf.get();
+        let function = this.function.bind(py);
+        let h = handles(py)?;
+        let path = this
+            .path
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        if let Some(path) = path
+            .as_ref()
+            .filter(|_| kwargs.is_none_or(PyDictMethods::is_empty))
+        {
+            if let Some(out) = function
+                .get()
+                .run_bound(h, path, args)
+                .map_err(|err| this.named(py, err))?
+            {
+                return Ok(out);
+            }
+        }
         let (bound, bound_kwargs) = this.lock().clone_ref(py);
         let bound = bound.bind(py);
         let all = if args.is_empty() {
@@ -125,9 +161,25 @@ impl BoundFunction {
                 Some(merged)
             }
         };
-        let function = this.function.bind(py);
         let out = JitFunction::__call__(function, &all, merged.as_ref())
             .map_err(|err| this.named(py, err))?;
+        let learning = this.learning.load(Ordering::Relaxed);
+        let stale = path
+            .as_ref()
+            .is_none_or(|path| !function.get().is_current(path));
+        if stale
+            && merged.is_none()
+            && learning < LEARNING_CALLS
+            && !this.unsettled.load(Ordering::Relaxed)
+        {
+            match function.get().bound_path(py, h, &all, args.len())? {
+                Some(learned) => {
+                    *this.path.lock().unwrap_or_else(PoisonError::into_inner) =
+                        Some(Arc::new(learned));
+                }
+                None => this.learning.store(learning + 1, Ordering::Relaxed),
+            }
+        }
         if this.unsettled.load(Ordering::Relaxed) {
             let settle = this
                 .settle
@@ -162,6 +214,9 @@ impl BoundFunction {
         visit.call(&self.function)?;
         if let Ok(settle) = self.settle.try_lock() {
             visit.call(settle.as_ref())?;
+        }
+        if let Ok(Some(path)) = self.path.try_lock().as_deref() {
+            path.traverse(&visit)?;
         }
         if let Ok(bound) = self.bound.try_lock() {
             visit.call(&bound.args)?;

@@ -19,6 +19,7 @@ mod signature;
 mod tree;
 
 use std::borrow::Cow;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::thread::{self, ThreadId};
 
@@ -38,6 +39,24 @@ use leaf::{LiveLeaf, SeenArrays};
 pub use miss::{CacheMiss, FastPath};
 use signature::{CallSignature, LeafKey, LiveCall, StaticArgs, Unkeyable};
 use tree::Tree;
+
+/// What a bound function's calls take: the entry of its calls' signature, and the bound
+/// arguments' leaves, which are its first inputs.
+pub struct BoundPath {
+    cached: Arc<Cached>,
+    generation: u64,
+    num_bound_args: usize,
+    leaves: Vec<Py<PyAny>>,
+}
+
+impl BoundPath {
+    fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        for leaf in &self.leaves {
+            visit.call(leaf)?;
+        }
+        Ok(())
+    }
+}
 
 /// What a cache entry holds once its miss has run.
 enum Outcome {
@@ -143,6 +162,8 @@ pub struct DispatchCache {
     keyed_by_context: bool,
     /// Whether calls go to JAX's C++ dispatch (see `Delegation`).
     delegation: Delegation,
+    /// How many times the cache was cleared: a bound function's entry from before is stale.
+    generation: AtomicU64,
 }
 
 /// The dispatcher behind `fastpjit.jit`, `fastpjit.pmap` and compiled (AOT) functions;
@@ -196,6 +217,106 @@ impl JitFunction {
             .as_ref()
             .map(|f| f.bind(py).clone())
             .ok_or_else(|| PyRuntimeError::new_err("this jit function was cleared"))
+    }
+
+    /// What a bound function's calls take (see `bound.rs`), learned from the call of
+    /// `all` (the bound arguments, then `rest`, arrays) that just ran: the entry that ran it,
+    /// where that entry takes its arrays as they are and the bound leaves are the first of
+    /// its signature. None where the call had other arguments, or the entry is not that.
+    fn bound_path(
+        &self,
+        py: Python<'_>,
+        h: &Handles,
+        all: &Bound<'_, PyTuple>,
+        rest: usize,
+    ) -> PyResult<Option<BoundPath>> {
+        let is_array = |leaf: &Bound<'_, PyAny>| {
+            std::ptr::eq(leaf.get_type_ptr(), h.arrays.array_impl.as_ptr().cast())
+        };
+        let rest_args = &all.as_slice()[all.len() - rest..];
+        if !self.statics.argnums.is_empty()
+            || !self.statics.argnames.is_empty()
+            || !rest_args.iter().all(is_array)
+        {
+            return Ok(None);
+        }
+        let Some(cached) = lock(&self.recent).first().cloned() else {
+            return Ok(None);
+        };
+        let Some(Outcome::Run(entry)) = cached.outcome.get() else {
+            return Ok(None);
+        };
+        let signature = &cached.signature;
+        if !entry.passes_through() || signature.leaves.len() < rest {
+            return Ok(None);
+        }
+        let Ok((tree, leaves)) = Tree::derive(py, h, all.as_slice())? else {
+            return Ok(None);
+        };
+        if leaves.len() != signature.leaves.len() || !tree.same(py, &signature.tree)? {
+            return Ok(None);
+        }
+        for (leaf, key) in leaves.iter().zip(&signature.leaves) {
+            if !is_array(leaf) || !key.is_key_of(h, leaf)? {
+                return Ok(None);
+            }
+        }
+        let bound = leaves.len() - rest;
+        Ok(Some(BoundPath {
+            generation: self.generation.load(Ordering::Relaxed),
+            num_bound_args: all.len() - rest,
+            leaves: leaves[..bound].iter().map(|l| l.clone().unbind()).collect(),
+            cached,
+        }))
+    }
+
+    /// Whether `path` was learned since the cache was last cleared.
+    fn is_current(&self, path: &BoundPath) -> bool {
+        path.generation == self.generation.load(Ordering::Relaxed)
+    }
+
+    /// Runs a bound call on `path`, with `rest`, its arguments after the bound ones; None where
+    /// the call has another signature (then the dispatcher takes it).
+    fn run_bound<'py>(
+        &self,
+        h: &Handles,
+        path: &BoundPath,
+        rest: &Bound<'py, PyTuple>,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let py = rest.py();
+        let Some(Outcome::Run(entry)) = path.cached.outcome.get() else {
+            return Ok(None);
+        };
+        if !self.is_current(path) {
+            return Ok(None);
+        }
+        let context = if self.keyed_by_context {
+            LiveContext::read(py, h)?
+        } else {
+            LiveContext::none(py)
+        };
+        let signature = &path.cached.signature;
+        if context.post_hook().is_some()
+            || !signature.is_positional_under(path.num_bound_args + rest.len(), &context)
+        {
+            return Ok(None);
+        }
+        let keys = &signature.leaves[path.leaves.len()..];
+        if keys.len() != rest.len() {
+            return Ok(None);
+        }
+        for (arg, key) in rest.iter().zip(keys) {
+            let is_array = std::ptr::eq(arg.get_type_ptr(), h.arrays.array_impl.as_ptr().cast());
+            if !is_array || !key.is_key_of(h, &arg)? {
+                return Ok(None);
+            }
+        }
+        self.stats.count(Counter::CacheHit);
+        path.cached.used.mark();
+        let mut inputs: Vec<Bound<'py, PyAny>> = Vec::with_capacity(keys.len() + rest.len());
+        inputs.extend(path.leaves.iter().map(|leaf| leaf.bind(py).clone()));
+        inputs.extend(rest.iter());
+        entry.run_arrays(h, &PyTuple::new(py, inputs)?).map(Some)
     }
 
     /// Hands the call to jax.jit's own dispatch, counted; None for a function without one.
@@ -512,6 +633,7 @@ impl DispatchCache {
     }
 
     fn clear(&self) {
+        self.generation.fetch_add(1, Ordering::Relaxed);
         let entries = lock(&self.cache).drain();
         let recent = std::mem::take(&mut *lock(&self.recent));
         let trees = std::mem::take(&mut *lock(&self.trees));
@@ -547,6 +669,7 @@ impl DispatchCache {
             seen: Mutex::new(SeenArrays::default()),
             keyed_by_context: context,
             delegation: Delegation::default(),
+            generation: AtomicU64::new(0),
         }
     }
 

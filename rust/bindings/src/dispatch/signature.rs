@@ -20,6 +20,7 @@ use pyo3::PyTraverseError;
 use rustc_hash::FxHasher;
 
 use super::context::{Context, LiveContext};
+use super::handles::Handles;
 use super::leaf::{
     array_hashes, aval_value, host_shape, sharding_id, AvalValue, DtypeKey, HostKind, LiveLeaf,
     ScalarKind, ShardingId,
@@ -243,6 +244,18 @@ pub enum LeafKey {
 }
 
 impl LeafKey {
+    /// Whether `array`, a `jax.Array`, has this key: its aval, sharding and commitment.
+    pub fn is_key_of(&self, h: &Handles, array: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let LeafKey::Array { committed, .. } = self else {
+            return Ok(false);
+        };
+        let py = array.py();
+        let aval = h.arrays.array_aval.bind(py).call1((array,))?;
+        let sharding = h.arrays.array_sharding.bind(py).call1((array,))?;
+        Ok(self.holds_array(&aval, &sharding)?
+            && h.array_committed.bind(py).call1((array,))?.is_truthy()? == *committed)
+    }
+
     /// Whether this is the key of an array of `aval` and `sharding` (commitment aside):
     /// compared by identity first, by value on a miss.
     pub fn holds_array(
@@ -332,6 +345,16 @@ impl CallSignature {
 
     /// Whether `call` has this signature. Raises JAX's error where comparing static
     /// arguments raises.
+    /// Whether this is the signature of a call of `num_args` positional arguments, no keyword
+    /// or static ones, under the jit key `context`.
+    pub fn is_positional_under(&self, num_args: usize, context: &LiveContext<'_>) -> bool {
+        self.num_args == num_args
+            && self.kwnames.is_empty()
+            && self.statics.is_empty()
+            && self.static_names.is_empty()
+            && context.is(&self.context)
+    }
+
     pub fn matches(&self, call: &LiveCall<'_, '_>) -> PyResult<bool> {
         let py = call.context.py();
         if self.num_args != call.num_args
