@@ -2,14 +2,15 @@
 loops that pass the same parameters to every call.
 
 `g = fastpjit.jit(step).bind(params)` makes `g(token, cache)` exactly `step(params, token,
-cache)`. The bound arguments are flattened and checked once, at bind time: a bound argument
-that the function donates is a `ValueError` (a resident argument cannot be consumed), and
-numpy arrays among them are put on the devices once (as the call would place them: on the
-executable's input sharding for a compiled function, else uncommitted on the default device,
-as `jax.device_put` puts them), never per call. Numpy arrays of 64-bit types, whose dtype
-depends on x64 at call time, and scalars stay as they are. Each call goes into the function's
-dispatcher with the bound arrays first, the same objects every time. Binding new parameters
-makes a new bound function; the old one stays valid while other threads call it.
+cache)`. The bound arguments are checked once, at bind time: a bound argument that the
+function donates is a `ValueError` (a resident argument cannot be consumed). Numpy arrays among
+them are put on the devices once, never per call: on a compiled function's input shardings at
+bind time, and for jit and pmap functions after the first call, on the input shardings that
+its executable took (numpy arrays of 64-bit types, whose dtype x64 decides at call time, and
+scalars are left to each call). A call goes through the Rust `BoundFunction`: after the first
+call of positional arrays, a call of the same signature runs its cache entry directly, with the
+bound leaves as its first inputs. Binding new parameters makes a new bound function; the old
+one stays valid while other threads call it.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ class Bindable:
                 raise ValueError(
                     f"bind: keyword argument {name!r} of {self!r} is donated, and a bound "
                     "argument stays resident: it cannot be consumed.")
-        placement = self._bound_placement(len(args))
+        placement = self._bound_placement()
         if placement is None:
             # Placed after the first call, on the input shardings that its executable takes.
             settle = _settle if any(map(_placeable, jax.tree.leaves(args))) else None
@@ -90,7 +91,7 @@ class Bindable:
     def _static_arguments(self) -> tuple[set[int], set[str]]:
         return set(), set()
 
-    def _bound_placement(self, count: int) -> Any:
+    def _bound_placement(self) -> Any:
         """For each bound position, the sharding (tree) that its numpy arrays go on; None
         where only a call tells (they are placed after the first call)."""
         return None

@@ -35,7 +35,7 @@ class HloFunction(Bindable, _core.JitFunction):
     def _donated_arguments(self) -> tuple[set[int], set[str]]:
         return {i for i, donated in enumerate(self._program.donated) if donated}, set()
 
-    def _bound_placement(self, count: int) -> Any:
+    def _bound_placement(self) -> Any:
         return lambda i: self._program.in_shardings[i]
 
     @property

@@ -178,7 +178,7 @@ class Compiled(Bindable, _core.JitFunction):
                  if any(leaf.donated for leaf in _jax.tree_leaves(info))}
         return positions, names
 
-    def _bound_placement(self, count: int) -> Any:
+    def _bound_placement(self) -> Any:
         shardings = self._compiled.input_shardings[0]
         return lambda i: shardings[i]
 
