@@ -1,5 +1,6 @@
 # The README's two commands: `make demo` and `make test`. Everything else supports them;
-# `make lint` (fmt, clippy, ruff; the stub is checked by the tests) runs in CI after the tests.
+# `make lint` (fmt, clippy, ruff, mypy; the stub is checked by the tests) runs in CI after the
+# tests.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -41,6 +42,7 @@ lint: venv
 	cargo fmt --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	$(VENV)/bin/ruff check python tests benches examples
+	$(VENV)/bin/mypy python/fastpjit
 
 bench: build
 	$(PY) benches/run.py

@@ -253,7 +253,7 @@ def dataclass_fields(kind: type) -> tuple[tuple[str, ...], tuple[str, ...]] | No
     (JAX's registries take such a node apart by reading those attributes), or None for any
     other type. JAX keeps the field names only in the closure of its flatten function."""
     entry = _tree_util._registry.get(kind)
-    flatten = getattr(entry, "to_iter", None)
+    flatten: Any = getattr(entry, "to_iter", None)
     code = getattr(flatten, "__code__", None)
     if code is None or code.co_freevars != ("data_fields", "meta_fields"):
         return None
@@ -359,7 +359,9 @@ def _thread_compiles() -> int:
     return getattr(_compiles_on_thread, "count", 0)
 
 
-jax.monitoring.register_event_duration_secs_listener(_count_backend_compile)
+# JAX's listener protocol names its keyword arguments; this one takes any.
+jax.monitoring.register_event_duration_secs_listener(
+    _count_backend_compile)  # type: ignore[arg-type]
 jax.monitoring.register_event_listener(_note_persistent_cache_hit)
 
 
@@ -569,8 +571,10 @@ def _compile_lowering(computation: Any) -> Any:
 def _compile_unlocked(computation: Any) -> Any:
     args = computation.compile_args
     devices = computation._device_list
-    in_shardings = tuple(_pxla.maybe_concretize_mesh(s, devices) for s in args["in_shardings"])
-    out_shardings = tuple(_pxla.maybe_concretize_mesh(s, devices) for s in args["out_shardings"])
+    in_shardings: Sequence[Any] = tuple(
+        _pxla.maybe_concretize_mesh(s, devices) for s in args["in_shardings"])
+    out_shardings: Sequence[Any] = tuple(
+        _pxla.maybe_concretize_mesh(s, devices) for s in args["out_shardings"])
     options = _compile_options(computation, in_shardings, out_shardings)
     xla_executable = _xla_executable(computation, options)
     in_avals, out_avals = args["global_in_avals"], args["global_out_avals"]
@@ -843,7 +847,7 @@ def _across_processes(miss: Any, cached: Any, local_flat: list[Any]) -> tuple[An
     out_flat, out_tree = _tree_util.tree_flatten(miss.outputs)
     local_shardings, global_shardings = _pmap_lib._get_out_shardings(
         out_tree, cached.out_specs, cached.out_local_shardings_thunk)
-    out_local = []
+    out_local: list[tuple[Any, Any] | None] = []
     for out, local_sharding, global_sharding in zip(out_flat, local_shardings,
                                                     global_shardings, strict=True):
         if type(out) is not ArrayImpl or out.is_fully_addressable:
@@ -1074,6 +1078,7 @@ def read_hlo_module(module: str | bytes) -> HloProgram:
             # What XLA's parsers would abort or overflow their stack on, refused first.
             _native.check_module_text(module, header is None)
         if header is not None:
+            assert isinstance(module, str)
             parsed, tuple_result = _from_hlo_proto(_parse_hlo_text(module))
         elif isinstance(module, str) or module[:4] == _MLIR_BYTECODE_MAGIC:
             parsed, tuple_result = _parse_mlir(module), None
@@ -1247,12 +1252,14 @@ def _attr_partitions(name: str, attr: Any) -> list[int]:
             raise ValueError(f"malformed HLO sharding {attr.value!r}: {err}") from None
         return [_sharding_partitions(sharding)]
     if name in ("arg_attrs", "res_attrs") and isinstance(attr, ir.ArrayAttr):
-        return [n for d in attr for a in d for n in _attr_partitions(a.name, a.attr)]
+        return [n for d in attr for a in d  # type: ignore[attr-defined]
+                for n in _attr_partitions(a.name, a.attr)]
     if name == "mesh" and _sdy.MeshAttr.isinstance(attr):
         return [_mesh_partitions(_sdy.MeshAttr(attr))]
     if name == "mhlo.frontend_attributes" and _SDY_MESHES_ATTR in attr:
         meshes = ir.Attribute.parse(attr[_SDY_MESHES_ATTR].value)
-        return [_mesh_partitions(_sdy.MeshAttr(m.attr)) for m in meshes]
+        return [_mesh_partitions(_sdy.MeshAttr(m.attr))
+                for m in meshes]  # type: ignore[attr-defined]
     return []
 
 
@@ -1313,7 +1320,8 @@ def _mark_donated(main: Any, donated: Sequence[bool]) -> None:
     old = (list(ir.ArrayAttr(main.attributes["arg_attrs"])) if "arg_attrs" in main.attributes
            else [ir.DictAttr.get({})] * len(donated))
     main.attributes["arg_attrs"] = ir.ArrayAttr.get([
-        ir.DictAttr.get({**{a.name: a.attr for a in ir.DictAttr(d)},
+        ir.DictAttr.get({**{a.name: a.attr
+                            for a in ir.DictAttr(d)},  # type: ignore[attr-defined]
                          "jax.buffer_donor": ir.BoolAttr.get(True)}) if give
         else d for d, give in zip(old, donated, strict=True)])
 

@@ -35,7 +35,8 @@ class Bound(_core.BoundFunction):
 
     def lower(self, *args: Any, **kwargs: Any) -> Any:
         """Lowers the function for the bound arguments and these."""
-        return self._function.lower(*self._args, *args, **self._kwargs, **kwargs)
+        function: Any = self._function
+        return function.lower(*self._args, *args, **self._kwargs, **kwargs)
 
     def __get__(self, instance: Any, owner: type | None = None) -> Any:
         return self if instance is None else types.MethodType(self, instance)
@@ -77,13 +78,14 @@ class Bindable:
                 raise ValueError(
                     f"bind: keyword argument {name!r} of {self!r} is donated, and a bound "
                     "argument stays resident: it cannot be consumed.")
+        function: Any = self  # a JitFunction, which this class is mixed into
         placement = self._bound_placement()
         if placement is None:
             # Placed after the first call, on the input shardings that its executable takes.
             settle = _settle if any(map(_placeable, jax.tree.leaves(args))) else None
-            return Bound(self, args, kwargs, _arrays(args, kwargs), settle)
+            return Bound(function, args, kwargs, _arrays(args, kwargs), settle)
         args = tuple(_placed(arg, placement(i)) for i, arg in enumerate(args))
-        return Bound(self, args, kwargs, _arrays(args, kwargs))
+        return Bound(function, args, kwargs, _arrays(args, kwargs))
 
     def _donated_arguments(self) -> tuple[set[int], set[str]]:
         return set(), set()
@@ -133,7 +135,8 @@ def _settle(bound: Bound) -> None:
     """Places the numpy arrays among the bound positional arguments on the input shardings
     that the first call's executable took for them: the bound arguments' leaves are the
     first of the call's, unless a static argument comes before them."""
-    function, args, kwargs = bound._function, bound._args, bound._kwargs
+    function: Any = bound._function
+    args, kwargs = bound._args, bound._kwargs
     static_positions, _ = function._static_arguments()
     if any(i < len(args) for i in static_positions):
         return

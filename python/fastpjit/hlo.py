@@ -54,7 +54,7 @@ class HloFunction(Bindable, _core.JitFunction):
 
     @property
     def out_avals(self) -> tuple[Any, ...]:
-        return self._program.out_avals
+        return tuple(self._program.out_avals)
 
     @property
     def num_devices(self) -> int:
@@ -157,7 +157,7 @@ class _Program:
         self.in_shardings, self.out_shardings = tuple(ins), tuple(outs)
         self.out_avals, self.handlers = _jax.result_handlers(out_avals, self.out_shardings)
         count = len(out_avals)
-        self.out_treedef = jax.tree.structure(
+        self.out_treedef: Any = jax.tree.structure(
             tuple(range(count)) if parsed.tuple_result else 0)
 
     def miss(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

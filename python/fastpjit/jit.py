@@ -43,6 +43,10 @@ class Wrapped(Bindable, _core.JitFunction):
 
     # jit, pjit or pmap with this function's options: `_make(__wrapped__)` makes it again.
     _make: functools.partial[Any]
+    # The function wrapped (set by functools.update_wrapper), and the one that JAX's NaN and
+    # inf checks rerun without jit.
+    __wrapped__: Any
+    _fun: Any
     # Whether a function of `__main__` pickles by value: JAX's jit does under cloudpickle (the
     # only pickler that can), JAX's pmap, a plain Python function, by reference.
     _main_by_value = True

@@ -25,9 +25,9 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from fastpjit import _launched
 
@@ -392,8 +392,8 @@ def _bypass_proxies(env: dict[str, str]) -> None:
         env[key] = ",".join([*hosts, "127.0.0.1"])
 
 
-def _positive(kind: type) -> object:
-    def parse(text: str) -> object:
+def _positive(kind: type) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
         value = kind(text)
         if not value > 0:
             raise argparse.ArgumentTypeError(f"must be positive, got {text}")
