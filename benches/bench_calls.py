@@ -445,25 +445,28 @@ def _threads(n: int, d: int, calls: int = THREAD_CALLS) -> Sides:
     floor = jit_floor(jax.jit(fresh(plus_one)), (x,), {})
     _check_hit(ours, [((x,), {})])
 
-    def burst(f: Callable[[], Any]) -> Callable[[], Any]:
-        def run() -> Any:
-            def loop() -> None:
-                for _ in range(calls):
-                    f()
+    return Sides(ours=burst(lambda: ours(x), n, calls), jax=burst(lambda: theirs(x), n, calls),
+                 floor=burst(floor, n, calls), check=same_result, calls=n * calls + 1)
 
-            if n == 1:
-                loop()
-            else:
-                threads = [threading.Thread(target=loop) for _ in range(n)]
-                for t in threads:
-                    t.start()
-                for t in threads:
-                    t.join()
-            return f()
-        return run
 
-    return Sides(ours=burst(lambda: ours(x)), jax=burst(lambda: theirs(x)), floor=burst(floor),
-                 check=same_result, calls=n * calls + 1)
+def burst(f: Callable[[], Any], n: int, calls: int) -> Callable[[], Any]:
+    """A burst of `calls` calls of `f` on each of `n` threads, started for the burst (on this
+    thread for `n` = 1), then one more call, whose result the burst returns."""
+    def run() -> Any:
+        def loop() -> None:
+            for _ in range(calls):
+                f()
+
+        if n == 1:
+            loop()
+        else:
+            threads = [threading.Thread(target=loop) for _ in range(n)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        return f()
+    return run
 
 
 def _case(name: str, build: Callable[[], Sides], kind: str, devices: int) -> Case:

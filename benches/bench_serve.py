@@ -12,7 +12,6 @@ spread over N threads (1000 calls each, each result waited for), per call: their
 
 from __future__ import annotations
 
-import threading
 import types
 from collections.abc import Callable
 from typing import Any
@@ -20,7 +19,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from bench_calls import same_result
+from bench_calls import burst, same_result
 from floors import jit_floor
 from harness import Case, Sides
 from jax.sharding import NamedSharding
@@ -79,22 +78,10 @@ def _threads(n: int, leaves: int = 10) -> Sides:
     theirs = jax.jit(_fresh(serve_step))
     floor = jit_floor(jax.jit(_fresh(serve_step)), (params, x), {})
 
-    def burst(f: Callable[[], Any]) -> Callable[[], Any]:
-        def loop() -> None:
-            for _ in range(THREAD_CALLS):
-                f()
-
-        def run() -> Any:
-            threads = [threading.Thread(target=loop) for _ in range(n)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            return f()
-        return run
-
-    return Sides(ours=burst(lambda: g(x)), jax=burst(lambda: theirs(params, x)),
-                 floor=burst(floor), check=same_result, calls=n * THREAD_CALLS + 1)
+    return Sides(ours=burst(lambda: g(x), n, THREAD_CALLS),
+                 jax=burst(lambda: theirs(params, x), n, THREAD_CALLS),
+                 floor=burst(floor, n, THREAD_CALLS), check=same_result,
+                 calls=n * THREAD_CALLS + 1)
 
 
 def _case(name: str, build: Callable[[], Sides], leaves: int, devices: int) -> Case:

@@ -108,7 +108,6 @@ __all__ = [
     "jit_key_states",
     "jit_static_args",
     "jit_donated_args",
-    "tree_leaves",
     "jax_jit",
     "jax_pmap",
     "function_name",
@@ -327,8 +326,6 @@ def jit_donated_args(jitted: Any) -> tuple[tuple[int, ...], tuple[str, ...]]:
     info = jitted._jit_info
     return tuple(info.donate_argnums), tuple(info.donate_argnames)
 
-
-tree_leaves = _tree_util.tree_leaves
 
 _backend_compiles = 0
 # Compiles by the thread that runs them: a miss counts its own, not those of misses that

@@ -15,6 +15,8 @@ import types
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+import jax
+
 from fastpjit import _core, _jax
 from fastpjit._shared import SharedCaches
 from fastpjit.bind import Bindable
@@ -177,9 +179,9 @@ class Compiled(Bindable, _core.JitFunction):
     def _donated_arguments(self) -> tuple[set[int], set[str]]:
         args_info, kwargs_info = self._compiled.args_info
         positions = {i for i, info in enumerate(args_info)
-                     if any(leaf.donated for leaf in _jax.tree_leaves(info))}
+                     if any(leaf.donated for leaf in jax.tree.leaves(info))}
         names = {name for name, info in kwargs_info.items()
-                 if any(leaf.donated for leaf in _jax.tree_leaves(info))}
+                 if any(leaf.donated for leaf in jax.tree.leaves(info))}
         return positions, names
 
     def _bound_placement(self) -> Any:

@@ -512,7 +512,6 @@ pub fn put<'py>(
 ) -> PyResult<Bound<'py, PyAny>> {
     let py = sharding.py();
     let array = &value.array;
-    let devices = plan.devices.bind(py);
     let untyped = array.cast::<PyUntypedArray>()?;
     let itemsize = untyped.dtype().itemsize();
     let nbytes = untyped.len() * itemsize;
@@ -536,14 +535,26 @@ pub fn put<'py>(
         }
         None => (slices(array, plan)?, &h.zero_copy),
     };
-    h.batched_device_put.bind(py).call1((
+    batched_put(plan, sharding, shards, committed, semantics.bind(py))
+}
+
+/// jaxlib's put of `shards`, one per device of `plan`, as one array on `sharding`.
+fn batched_put<'py>(
+    plan: &PutPlan,
+    sharding: &Bound<'py, PyAny>,
+    shards: Bound<'py, PyList>,
+    committed: bool,
+    semantics: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let py = sharding.py();
+    handles(py)?.batched_device_put.bind(py).call1((
         plan.aval.bind(py),
         sharding,
         shards,
-        devices,
+        plan.devices.bind(py),
         committed,
         false,
-        semantics.bind(py),
+        semantics,
     ))
 }
 
@@ -557,16 +568,14 @@ fn put_as_jax<'py>(
     plan: &PutPlan,
 ) -> PyResult<Bound<'py, PyAny>> {
     let py = sharding.py();
-    let h = handles(py)?;
-    h.batched_device_put.bind(py).call1((
-        plan.aval.bind(py),
+    let shards = slices(&value.array, plan)?;
+    batched_put(
+        plan,
         sharding,
-        slices(&value.array, plan)?,
-        plan.devices.bind(py),
+        shards,
         false,
-        false,
-        h.zero_copy.bind(py),
-    ))
+        handles(py)?.zero_copy.bind(py),
+    )
 }
 
 /// Each device's shard of `array`, as numpy views.

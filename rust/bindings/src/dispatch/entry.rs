@@ -596,27 +596,25 @@ impl HostArg {
         let Some((kept, bytes)) = kept_and_bytes else {
             return Ok((self.host.place(leaf)?, true));
         };
-        let streaming = || {
-            kept.lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .streaming()
-        };
         let bytes = bytes.as_slice();
         let lock = || kept.lock().unwrap_or_else(PoisonError::into_inner);
         let copy = lock().get(bytes).map(|copy| copy.clone_ref(py));
-        let admitted = match copy {
+        let (admitted, streaming) = match copy {
             Some(copy) => {
                 let copy = copy.into_bound(py);
                 // `jax.live_arrays()` can reach it and delete it; then it is placed anew.
                 if !is_deleted(h, &copy)? {
                     return Ok((copy, false));
                 }
-                true
+                (true, false)
             }
-            None => lock().admit(bytes),
+            None => {
+                let mut kept = lock();
+                (kept.admit(bytes), kept.streaming())
+            }
         };
         if !admitted {
-            return Ok((self.host.place(leaf)?, streaming()));
+            return Ok((self.host.place(leaf)?, streaming));
         }
         // The copy kept is placed from a snapshot of a numpy array, and keyed by the
         // snapshot's bytes: on the CPU jaxlib adopts aligned numpy memory, and the caller may
