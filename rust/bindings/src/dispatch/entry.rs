@@ -599,19 +599,16 @@ impl HostArg {
         let bytes = bytes.as_slice();
         let lock = || kept.lock().unwrap_or_else(PoisonError::into_inner);
         let copy = lock().get(bytes).map(|copy| copy.clone_ref(py));
-        let (admitted, streaming) = match copy {
-            Some(copy) => {
-                let copy = copy.into_bound(py);
-                // `jax.live_arrays()` can reach it and delete it; then it is placed anew.
-                if !is_deleted(h, &copy)? {
-                    return Ok((copy, false));
-                }
-                (true, false)
+        let (admitted, streaming) = if let Some(copy) = copy {
+            let copy = copy.into_bound(py);
+            // `jax.live_arrays()` can reach it and delete it; then it is placed anew.
+            if !is_deleted(h, &copy)? {
+                return Ok((copy, false));
             }
-            None => {
-                let mut kept = lock();
-                (kept.admit(bytes), kept.streaming())
-            }
+            (true, false)
+        } else {
+            let mut kept = lock();
+            (kept.admit(bytes), kept.streaming())
         };
         if !admitted {
             return Ok((self.host.place(leaf)?, streaming));
