@@ -350,7 +350,7 @@ def test_rank_mismatch_raises_jaxs_assertion_error(text, shape):
     [
         ("{garbage}", 2),
         ("{devices=[2,2}", 14),
-        ("{devices=[2,2]0,1,2}", 15),
+        ("{devices=[2,2]0,1,2,3,4}", 15),
         ("{devices=[2,2]<=[2,2]T(0,0)}", 15),
         ("{replicated", 12),
         ("{replicated} x", 14),
@@ -527,7 +527,22 @@ XLA_ACCEPTS = [
     ("{devices=[8]<=[8] metadata={,op_name=\"a\\101\\\"\" source_line=-5 profile_type={1}}}",
      (8,)),
     ("{devices=[8]<=[8] metadata={{}, {op_type='x' stack_frame_id=2}} metadata= {}}", (8,)),
+    # A device list shorter than the grid: XLA fills the rest with device 0. Here that makes a
+    # valid order (7 ids, 0 last); `01` is 1, as in any decimal number.
+    ("{devices=[2,4]01,2,3,4,5,6,7}", (4, 4)),
+    ("{devices=[4,2]7,6,5,4,3,2,1}", (4, 4)),
 ]
+
+
+# A short device list filled with device 0 can repeat device 0: XLA reads that text, as
+# fastpjit does, and the sharding places no array.
+@pytest.mark.parametrize("text", ["{devices=[2,4]1,2,3}", "{devices=[4]0,1}"])
+def test_a_short_device_list_is_filled_with_device_0_like_xla(text):
+    assert_reads_like_xla(text)
+    canonical = _core.canonical_hlo_sharding(text, None)
+    assert xla_verdict(canonical) == xla_verdict(text)
+    with pytest.raises(ValueError):
+        fastpjit.parse_hlo_sharding(text, DEVICES)
 
 
 @pytest.mark.parametrize(

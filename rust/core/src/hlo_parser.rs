@@ -3,7 +3,7 @@
 //!
 //! Where XLA's parser takes text that describes no sharding, or aborts on it, this one returns
 //! an error naming the column: numbers below zero or past `i64`, tile dimensions of zero,
-//! explicit device lists that don't fill the tile grid (XLA copies past its array), iota
+//! explicit device lists longer than the tile grid (XLA copies past its array), iota
 //! transposes that are not permutations, and clauses that XLA only checks with a crash. The
 //! named form (`{mesh[...], ...}`) is not read.
 
@@ -434,7 +434,12 @@ impl<'a> Parser<'a> {
             if c.devices.len() <= 1 {
                 return Err(self.error_at(start, "more than one device for a tiled sharding"));
             }
-            DeviceOrder::Explicit(c.devices)
+            // XLA copies the list into a grid of zeros: a short list ends in device 0s.
+            let mut devices = c.devices;
+            if devices.len() < tiles {
+                devices.resize(tiles, 0);
+            }
+            DeviceOrder::Explicit(devices)
         } else {
             if !c.devices.is_empty() {
                 return Err(self.error_at(start, "either device ids or an iota order, not both"));

@@ -328,6 +328,20 @@ mod tests {
     }
 
     #[test]
+    fn a_short_device_list_ends_in_device_0_and_a_long_one_is_refused() {
+        // As XLA reads it: `01` is device 1, and the eighth tile, left out, is device 0.
+        assert_eq!(
+            roundtrip("{devices=[2,4]01,2,3,4,5,6,7}").to_string(),
+            "{devices=[2,4]1,2,3,4,5,6,7,0}"
+        );
+        assert_eq!(
+            roundtrip("{devices=[4]2,3}").to_string(),
+            "{devices=[4]2,3,0,0}"
+        );
+        assert_eq!(column("{devices=[2]0,1,2}"), 13);
+    }
+
+    #[test]
     fn parses_the_forms_hlo_dumps_print() {
         assert_eq!(roundtrip("{replicated}"), HloSharding::Replicated);
         assert_eq!(
@@ -409,7 +423,7 @@ mod tests {
         let cases = [
             ("{garbage}", 2),
             ("{devices=[2,2}", 14),
-            ("{devices=[2,2]0,1,2}", 15),
+            ("{devices=[2,2]0,1,2,3,4}", 15),
             ("{devices=[2,2]<=[2,2]T(0,0)}", 15),
             ("{devices=[2,2]<=[4]T(0,0)}", 20),
             ("{replicated", 12),
