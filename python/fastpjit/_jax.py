@@ -39,6 +39,7 @@ from jax._src import util as _util
 from jax._src.array import ArrayImpl
 from jax._src.interpreters import mlir as _mlir
 from jax._src.interpreters import pxla as _pxla
+from jax._src.lax import lax as _lax
 from jax._src.lib import _jax as _jaxlib
 from jax._src.lib import guard_lib as _guard_lib
 from jax._src.lib import xla_client as xc
@@ -342,6 +343,7 @@ def _count_backend_compile(event: str, duration: float, **_: Any) -> None:
         return
     if getattr(_compiles_on_thread, "loaded", False):
         _compiles_on_thread.loaded = False
+        _compiles_on_thread.loads = getattr(_compiles_on_thread, "loads", 0) + 1
         return
     _backend_compiles += 1
     _compiles_on_thread.count = _thread_compiles() + 1
@@ -354,6 +356,17 @@ def _note_persistent_cache_hit(event: str, **_: Any) -> None:
 
 def _thread_compiles() -> int:
     return getattr(_compiles_on_thread, "count", 0)
+
+
+def thread_compile_events() -> tuple[int, int]:
+    """Backend compiles run, and executables loaded from JAX's persistent compilation cache,
+    by this thread so far."""
+    return _thread_compiles(), getattr(_compiles_on_thread, "loads", 0)
+
+
+def weak_typed(value: Any) -> Any:
+    """`value` as a weak-typed array of its dtype, as JAX makes one from a Python scalar."""
+    return _lax._convert_element_type(value, np.dtype(value.dtype), weak_type=True)
 
 
 # JAX's listener protocol names its keyword arguments; this one takes any.

@@ -1,0 +1,166 @@
+"""Warm starts: a record of the signatures served, written by one process and replayed by
+another, and records that are corrupt, truncated, hostile or from a future version."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import fastpjit
+from fastpjit import warm_start
+
+
+@pytest.fixture
+def mesh():
+    return jax.make_mesh((2, 4), ("x", "y"))
+
+
+def roundtrip(args, kwargs=None, statics=(), static_names=()):
+    """The call's signature through JSON and back to arguments."""
+    signature = warm_start.describe_call(args, kwargs or {}, set(statics), set(static_names))
+    signature = json.loads(json.dumps(signature))
+    warm_start._Checker().signature(signature, "signature")
+    return warm_start._Rebuilder().call(signature)
+
+
+def same_signature(a, b):
+    la, ta = jax.tree.flatten(a)
+    lb, tb = jax.tree.flatten(b)
+    assert ta == tb
+    for x, y in zip(la, lb, strict=True):
+        assert type(x) is type(y) or (isinstance(x, jax.Array) and isinstance(y, jax.Array))
+        if isinstance(x, (jax.Array, np.ndarray, np.generic)):
+            assert (x.shape, x.dtype) == (y.shape, y.dtype)
+        if isinstance(x, jax.Array):
+            assert x.aval.weak_type == y.aval.weak_type
+            assert x.committed == y.committed
+            if x.committed:
+                assert x.sharding == y.sharding
+
+
+def test_a_signature_rebuilds_arguments_of_the_same_signature(mesh):
+    sharded = jax.device_put(np.ones((8, 8), np.float32), NamedSharding(mesh, P("x", "y")))
+    replicated = jax.device_put(np.ones(3, np.int32), NamedSharding(mesh, P()))
+    weak = jnp.asarray(2.0)
+    assert weak.aval.weak_type
+    args = ({"w": sharded, "b": [replicated, None]}, weak, np.ones((2, 3), np.float16),
+            np.float32(1), 3, 2.5, True, 1j, jnp.ones(2))
+    rebuilt, _ = roundtrip(args)
+    same_signature(args, rebuilt)
+
+
+def test_statics_and_keyword_arguments_rebuild_equal(mesh):
+    args = (np.ones(2), (1, "a", None, 2.5, True), [3, (4,)], np.dtype("float32"), np.int8,
+            jnp.bfloat16)
+    rebuilt, kwargs = roundtrip(args, {"n": 3, "x": np.ones(1)}, statics=(1, 2, 3, 4, 5),
+                                static_names=("n",))
+    assert rebuilt[1:] == args[1:]
+    assert [type(a) for a in rebuilt[1:]] == [type(a) for a in args[1:]]
+    assert kwargs["n"] == 3 and kwargs["x"].shape == (1,)
+
+
+@pytest.mark.parametrize("value", [object(), float("nan"), frozenset({1}), b"bytes"])
+def test_a_static_that_is_no_json_value_is_unrecordable(value):
+    with pytest.raises(warm_start.Unrecordable, match="static"):
+        warm_start.describe_call((value,), {}, {0}, set())
+
+
+def test_a_custom_pytree_node_is_unrecordable():
+    from collections import namedtuple
+    Pair = namedtuple("Pair", "a b")
+    with pytest.raises(warm_start.Unrecordable, match="Pair"):
+        warm_start.describe_call((Pair(1, 2),), {}, set(), set())
+
+
+def test_a_log_is_bounded_and_counts_what_it_cannot_hold():
+    log = warm_start.SignatureLog(capacity=3)
+    for n in range(5):
+        log.note((np.ones(n),), {}, set(), set())
+    log.note((np.ones(4),), {}, set(), set())
+    log.note((object(),), {}, {0}, set())
+    shapes = [s["args"][0]["leaf"]["shape"] for s in log.signatures()]
+    assert shapes == [[2], [3], [4]]
+    assert list(log.unrecordable.values()) == [1]
+
+
+# -- Bad records ------------------------------------------------------------------------------
+
+def a_record(**changes):
+    record = {"schema": warm_start.SCHEMA, "schema_version": warm_start.SCHEMA_VERSION,
+              "versions": warm_start._versions(), "functions": {"f": {
+                  "unrecordable": {},
+                  "signatures": [warm_start.describe_call((np.ones(2), 1), {}, set(), set())]}}}
+    record.update(changes)
+    return record
+
+
+def write(tmp_path, data):
+    path = tmp_path / "record.json"
+    path.write_bytes(data if isinstance(data, bytes) else json.dumps(data).encode())
+    return path
+
+
+def test_a_good_record_loads(tmp_path):
+    assert warm_start.load_record(write(tmp_path, a_record()))["functions"]["f"]
+
+
+@pytest.mark.parametrize(("record", "words"), [
+    (a_record(schema_version=2), "newer fastpjit"),
+    (a_record(schema="other"), "schema"),
+    (a_record(schema_version=True), "schema_version"),
+    (a_record(functions=[]), "functions"),
+    ({"schema": "fastpjit.signatures"}, "the keys"),
+    ([], "an object"),
+    (a_record(functions={"f": {"unrecordable": {}, "signatures": [{"args": [{"leaf": {
+        "kind": "numpy", "shape": [2 ** 60], "dtype": "float32"}}], "kwargs": {},
+        "config": {"jax_enable_x64": False}}]}}), "a dim in"),
+    (a_record(functions={"f": {"unrecordable": {}, "signatures": [{"args": [{"leaf": {
+        "kind": "numpy", "shape": [2], "dtype": "object"}}], "kwargs": {},
+        "config": {"jax_enable_x64": False}}]}}), "dtype"),
+    (a_record(functions={"f": {"unrecordable": {}, "signatures": [{"args": [{"code": "1"}],
+        "kwargs": {}, "config": {"jax_enable_x64": False}}]}}), "one of the keys"),
+])
+def test_a_bad_record_raises_value_error_naming_what_is_wrong(tmp_path, record, words):
+    with pytest.raises(ValueError, match=words):
+        warm_start.load_record(write(tmp_path, record))
+
+
+def test_a_truncated_corrupted_or_deep_record_raises_value_error(tmp_path):
+    text = json.dumps(a_record()).encode()
+    for data in (text[: len(text) // 2], b"\xff\xfe" + text, b"[" * 100_000 + b"]" * 100_000,
+                 text.replace(b"false", b"NaN")):
+        with pytest.raises(ValueError, match="invalid signature record"):
+            warm_start.load_record(write(tmp_path, data))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_a_fuzzed_record_loads_or_raises_value_error(tmp_path_factory, data):
+    text = bytearray(json.dumps(a_record()).encode())
+    for _ in range(data.draw(st.integers(1, 5))):
+        i = data.draw(st.integers(0, len(text) - 1))
+        edit = data.draw(st.sampled_from(["flip", "cut", "insert"]))
+        if edit == "flip":
+            text[i] = data.draw(st.integers(0, 255))
+        elif edit == "cut":
+            del text[i:i + data.draw(st.integers(1, 8))]
+        else:
+            text[i:i] = data.draw(st.sampled_from([b"{", b"}", b"[", b"]", b",", b'"', b"1e999",
+                                                   b"-1", b"null", b'"x"']))
+        if not text:
+            text = bytearray(b"{")
+    path = tmp_path_factory.mktemp("fuzz") / "record.json"
+    path.write_bytes(bytes(text))
+    try:
+        warm_start.load_record(path)
+    except ValueError:
+        pass
