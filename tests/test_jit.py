@@ -34,6 +34,7 @@ from jax.sharding import PartitionSpec as P
 
 import fastpjit
 from fastpjit import _jax
+from fastpjit.warm_start import SignatureLog
 
 DEVICES = tuple(jax.devices())
 jit_module = importlib.import_module("fastpjit.jit")
@@ -1128,7 +1129,7 @@ def bounded_jit(fun: Any, capacity: int) -> Any:
     jitted = jax.jit(fun)
     cache = fastpjit._core.DispatchCache("bounded", [], [], capacity=capacity)
     wrapped = jit_module.JitWrapped(jitted, functools.partial(_jax.jit_cache_miss, jitted), cache)
-    wrapped._jax_function = jit_module._JaxFunction(lambda: jitted, made=jitted)
+    wrapped._jax_function = jit_module._JaxFunction(lambda: jitted, SignatureLog(), made=jitted)
     return wrapped
 
 

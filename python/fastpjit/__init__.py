@@ -31,6 +31,7 @@ from fastpjit.sharding import (
     shard_shape,
 )
 from fastpjit.transfer import device_get, device_put, make_array_from_process_local_data
+from fastpjit.warm_start import save_signatures, warm_up
 
 # In a process that `python -m fastpjit.launch` started: report an uncaught exception to the
 # launcher at once, and die with the launcher. (Importing fastpjit also registers the launcher's
@@ -58,8 +59,10 @@ __all__ = [
     "pjit",
     "pmap",
     "reset_stats",
+    "save_signatures",
     "set_host_pool_limit",
     "shard_shape",
     "stats",
     "uninstall",
+    "warm_up",
 ]

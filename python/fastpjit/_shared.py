@@ -8,11 +8,24 @@ import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
-from typing import Any
+from typing import Any, NamedTuple
 
 from fastpjit import _jax
+from fastpjit.warm_start import SignatureLog
 
-__all__ = ["SharedCaches"]
+__all__ = ["FunctionCaches", "SharedCaches"]
+
+
+class FunctionCaches(NamedTuple):
+    """What the functions of one function and options share: the dispatch cache, and the
+    signatures of the calls that it cached (for warm starts)."""
+
+    dispatch: Any
+    signatures: SignatureLog
+
+    def _clear(self) -> None:
+        self.dispatch._clear()
+        self.signatures.clear()
 
 
 class SharedCaches:
@@ -29,8 +42,8 @@ class SharedCaches:
         self._lock = threading.Lock()
         _jax.clear_with_jax_caches(self)
 
-    def get(self, fun: Any, options: Any, make: Callable[[], Any]) -> Any:
-        """The cache of `fun` with `options`, made by `make` if there is none."""
+    def get(self, fun: Any, options: Any, make: Callable[[], FunctionCaches]) -> FunctionCaches:
+        """The caches of `fun` with `options`, made by `make` if there are none."""
         key = _frozen(options)
         try:
             hash(key)
@@ -39,7 +52,7 @@ class SharedCaches:
                 found = None if caches is None else caches.get(key)
                 if found is not None:
                     caches.move_to_end(key)  # type: ignore[union-attr]
-                    return found
+                    return found  # type: ignore[no-any-return]
         except Exception:  # an unhashable option, or one whose == raises (an array)
             return make()
         cache = make()

@@ -33,6 +33,10 @@ class Bound(_core.BoundFunction):
     def __wrapped__(self) -> Any:
         return self._function
 
+    @property
+    def _signature_log(self) -> Any:
+        return getattr(self._function, "_signature_log", None)
+
     def lower(self, *args: Any, **kwargs: Any) -> Any:
         """Lowers the function for the bound arguments and these."""
         function: Any = self._function

@@ -18,6 +18,7 @@ import numpy as np
 
 from fastpjit import _core, _jax
 from fastpjit.bind import Bindable
+from fastpjit.warm_start import SignatureLog
 
 __all__ = ["HloFunction", "compile_hlo"]
 
@@ -31,6 +32,7 @@ class HloFunction(Bindable, _core.JitFunction):
     """A compiled HLO module: call it with one array per entry parameter."""
 
     _program: _Program
+    _signature_log: SignatureLog
 
     def _donated_arguments(self) -> tuple[set[int], set[str]]:
         return {i for i, donated in enumerate(self._program.donated) if donated}, set()
@@ -101,9 +103,11 @@ def _function(program: _Program) -> HloFunction:
     # A bad argument's error shows the caller's frame, not fastpjit's checks.
     cache = _core.DispatchCache(program.name, [], [], kind=_KIND, capacity=_CACHE_CAPACITY,
                                 context=False)
-    function = HloFunction(_jax.api_boundary(program.run), _jax.api_boundary(program.miss),
-                           cache)
+    log = SignatureLog()
+    function = HloFunction(_jax.api_boundary(program.run),
+                           _jax.api_boundary(log.noting(program.miss)), cache)
     function._program = program
+    function._signature_log = log
     return function
 
 

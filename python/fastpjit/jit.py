@@ -18,8 +18,9 @@ from typing import Any
 import jax
 
 from fastpjit import _core, _jax
-from fastpjit._shared import SharedCaches
+from fastpjit._shared import FunctionCaches, SharedCaches
 from fastpjit.bind import Bindable
+from fastpjit.warm_start import SignatureLog
 
 __all__ = ["Compiled", "JitWrapped", "Lowered", "jit", "pjit"]
 
@@ -98,6 +99,10 @@ class JitWrapped(Wrapped):
         """The jax.jit function that traces this one's calls."""
         return self._jax_function.active()
 
+    @property
+    def _signature_log(self) -> SignatureLog:
+        return self._jax_function.signatures
+
     @_jax.api_boundary
     def lower(self, *args: Any, **kwargs: Any) -> Lowered:
         """Lowers for these arguments, as `jax.jit(fun).lower` does."""
@@ -175,6 +180,7 @@ class Compiled(Bindable, _core.JitFunction):
     """`jax.stages.Compiled` with its calls dispatched by fastpjit."""
 
     _compiled: Any
+    _signature_log: SignatureLog
 
     def _donated_arguments(self) -> tuple[set[int], set[str]]:
         args_info, kwargs_info = self._compiled.args_info
@@ -190,10 +196,12 @@ class Compiled(Bindable, _core.JitFunction):
 
     @classmethod
     def of(cls, compiled: Any) -> Compiled:
-        miss = _jax.api_boundary(functools.partial(_jax.aot_cache_miss, compiled))
+        log = SignatureLog()
+        miss = _jax.api_boundary(log.noting(functools.partial(_jax.aot_cache_miss, compiled)))
         cache = _core.DispatchCache(_jax.function_name(compiled), [], [], kind="compiled")
         wrapped = cls(compiled, miss, cache)
         wrapped._compiled = compiled
+        wrapped._signature_log = log
         return wrapped
 
     def __copy__(self) -> Compiled:
@@ -221,12 +229,14 @@ class _JaxFunction:
     wrapper of a function wrapped before finds its executables in the shared dispatch cache,
     and makes no jax.jit function unless it misses, falls back or is lowered."""
 
-    __slots__ = ("_legacy", "_made", "_make", "_make_legacy")
+    __slots__ = ("_legacy", "_made", "_make", "_make_legacy", "signatures")
 
-    def __init__(self, make: Callable[[], Any], make_legacy: Callable[[], Any] | None = None,
-                 made: Any = None):
+    def __init__(self, make: Callable[[], Any], signatures: SignatureLog,
+                 make_legacy: Callable[[], Any] | None = None, made: Any = None):
         self._make, self._make_legacy = make, make_legacy
         self._made, self._legacy = made, None
+        # The signatures of the calls cached, shared by the functions of one dispatch cache.
+        self.signatures = signatures
 
     def made(self) -> Any:
         """The jax.jit function if it was made, else None."""
@@ -258,7 +268,9 @@ class _JaxFunction:
 
     @_jax.api_boundary
     def miss(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        return _jax.jit_cache_miss(self.active(), args, kwargs)
+        outcome = _jax.jit_cache_miss(self.active(), args, kwargs)
+        self.signatures.note(args, kwargs)
+        return outcome
 
 
 _KINDS: dict[type[JitWrapped], str] = {JitWrapped: "jit", _PjitWrapped: "pjit"}
@@ -289,17 +301,19 @@ def _wrap(kind: type[JitWrapped], fun: Callable[..., Any], options: dict[str, An
     of the earlier ones of the same function and options, as JAX's jit functions share theirs."""
     made = []
 
-    def new_cache() -> Any:
+    def new_caches() -> FunctionCaches:
         jitted = _jax.jax_jit(fun, **options)  # checks the options, as jax.jit does
         made.append(jitted)
         argnums, argnames = _jax.jit_static_args(jitted)
-        return _core.DispatchCache(_jax.function_name(fun), list(argnums), list(argnames),
-                                   kind=_KINDS[kind])
+        return FunctionCaches(
+            _core.DispatchCache(_jax.function_name(fun), list(argnums), list(argnames),
+                                kind=_KINDS[kind]),
+            SignatureLog((argnums, argnames)))
 
-    cache = _shared_caches.get(fun, (_KINDS[kind], options), new_cache)
-    jax_function = _JaxFunction(functools.partial(_jax.jax_jit, fun, **options), make_legacy,
-                                made[0] if made else None)
-    return _function(kind, fun, jax_function, cache, make)
+    caches = _shared_caches.get(fun, (_KINDS[kind], options), new_caches)
+    jax_function = _JaxFunction(functools.partial(_jax.jax_jit, fun, **options),
+                                caches.signatures, make_legacy, made[0] if made else None)
+    return _function(kind, fun, jax_function, caches.dispatch, make)
 
 
 @_jax.api_boundary

@@ -13,8 +13,9 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from fastpjit import _core, _jax
-from fastpjit._shared import SharedCaches
+from fastpjit._shared import FunctionCaches, SharedCaches
 from fastpjit.jit import Wrapped
+from fastpjit.warm_start import SignatureLog
 
 __all__ = ["pmap"]
 
@@ -26,6 +27,7 @@ class PmapWrapped(Wrapped):
     """The function that fastpjit.pmap returns."""
 
     _pmapped: Any
+    _signature_log: SignatureLog
     # JAX's pmap returns a plain Python function: pickle finds it by name in `__main__` too,
     # and it copies as itself.
     _main_by_value = False
@@ -81,15 +83,18 @@ def pmap(
         backend=backend, axis_size=axis_size, donate_argnums=donate_argnums)
     pmapped = _jax.jax_pmap(fun, **options)
 
-    def new_cache() -> Any:
-        # Like jax.pmap, only non-negative positions name static arguments.
-        return _core.DispatchCache(
-            _jax.function_name(fun), [i for i in static_broadcasted_argnums if i >= 0], [],
-            kind="pmap")
+    # Like jax.pmap, only non-negative positions name static arguments.
+    statics = [i for i in static_broadcasted_argnums if i >= 0]
 
-    wrapped = PmapWrapped(
-        pmapped, _jax.api_boundary(functools.partial(_jax.pmap_cache_miss, pmapped)),
-        _shared_caches.get(fun, options, new_cache))
+    def new_caches() -> FunctionCaches:
+        return FunctionCaches(
+            _core.DispatchCache(_jax.function_name(fun), statics, [], kind="pmap"),
+            SignatureLog((statics, ())))
+
+    caches = _shared_caches.get(fun, options, new_caches)
+    miss = caches.signatures.noting(functools.partial(_jax.pmap_cache_miss, pmapped))
+    wrapped = PmapWrapped(pmapped, _jax.api_boundary(miss), caches.dispatch)
+    wrapped._signature_log = caches.signatures
     wrapped._pmapped = pmapped
     wrapped._make = functools.partial(pmap, **options)
     functools.update_wrapper(wrapped, fun)

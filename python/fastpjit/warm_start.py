@@ -65,9 +65,9 @@ def _static_value(value: Any) -> Any:
         return {"dtype": value.name, "of": "numpy.dtype"}
     if isinstance(value, type) and issubclass(value, np.generic):
         return {"dtype": np.dtype(value).name, "of": "numpy"}
-    jnp_type = getattr(jax.numpy, getattr(value, "__name__", ""), None)
-    if jnp_type is value and hasattr(value, "dtype"):
-        return {"dtype": np.dtype(value.dtype).name, "of": "jax.numpy"}
+    jnp_type: Any = getattr(jax.numpy, getattr(value, "__name__", ""), None)
+    if jnp_type is value and hasattr(jnp_type, "dtype"):
+        return {"dtype": np.dtype(jnp_type.dtype).name, "of": "jax.numpy"}
     raise Unrecordable(f"a static argument of type {type(value).__qualname__}, which is not a "
                        "JSON value or a dtype")
 
@@ -86,13 +86,16 @@ def _sharding(sharding: Any) -> dict[str, Any]:
                 "memory_kind": sharding.memory_kind}
     if isinstance(sharding, jax.sharding.SingleDeviceSharding):
         (device,) = sharding.device_set
-        return {"type": "single", "device_id": int(device.id),
+        device_id = getattr(device, "id")  # noqa: B009 - jaxlib's stub lacks Device.id
+        return {"type": "single", "device_id": int(device_id),
                 "memory_kind": sharding.memory_kind}
     raise Unrecordable(f"a {type(sharding).__qualname__}, which the record cannot hold")
 
 
 def _leaf(leaf: Any) -> dict[str, Any]:
     if isinstance(leaf, jax.Array):
+        if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.extended):
+            raise Unrecordable(f"an array of the extended dtype {leaf.dtype}")
         aval = leaf.aval
         return {"kind": "array", "shape": list(leaf.shape), "dtype": np.dtype(leaf.dtype).name,
                 "weak_type": bool(aval.weak_type), "committed": bool(leaf.committed),
@@ -143,27 +146,41 @@ def describe_call(args: tuple[Any, ...], kwargs: Mapping[str, Any],
                  for i, a in enumerate(args)],
         "kwargs": {k: ({"static": _static_value(v)} if k in static_names else _node(v))
                    for k, v in sorted(kwargs.items())},
-        "config": {"jax_enable_x64": bool(jax.config.jax_enable_x64)},
+        "config": {"jax_enable_x64": bool(jax.config.read("jax_enable_x64"))},
     }
 
 
 class SignatureLog:
     """The signatures of one function's cache misses, newest last, at most `capacity`; calls
-    that a record cannot hold are counted by reason."""
+    that a record cannot hold are counted by reason. `statics` are the function's static
+    argument positions and names."""
 
-    def __init__(self, capacity: int = 1024) -> None:
+    def __init__(self, statics: tuple[Any, Any] = ((), ()), capacity: int = 1024) -> None:
+        self._static_positions = set(statics[0])
+        self._static_names = set(statics[1])
         self._capacity = capacity
         self._signatures: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self.unrecordable: dict[str, int] = {}
         self._lock = threading.Lock()
 
-    def note(self, args: tuple[Any, ...], kwargs: Mapping[str, Any],
-             static_positions: set[int], static_names: set[str]) -> None:
+    def noting(self, miss: Callable[[tuple[Any, ...], dict[str, Any]], Any]
+               ) -> Callable[[tuple[Any, ...], dict[str, Any]], Any]:
+        """`miss`, noting the signature of each call that it serves."""
+        def miss_and_note(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            outcome = miss(args, kwargs)
+            self.note(args, kwargs)
+            return outcome
+        return miss_and_note
+
+    def note(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
         try:
-            signature = describe_call(args, kwargs, static_positions, static_names)
+            signature = describe_call(args, kwargs, self._static_positions,
+                                      self._static_names)
         except Unrecordable as why:
-            with self._lock:
-                self.unrecordable[str(why)] = self.unrecordable.get(str(why), 0) + 1
+            self._count(str(why))
+            return
+        except Exception as error:  # noqa: BLE001 - noting a call never fails it
+            self._count(f"{type(error).__name__}: {error}")
             return
         key = json.dumps(signature, sort_keys=True)
         with self._lock:
@@ -171,6 +188,11 @@ class SignatureLog:
             self._signatures.move_to_end(key)
             while len(self._signatures) > self._capacity:
                 self._signatures.popitem(last=False)
+
+    def _count(self, reason: str) -> None:
+        with self._lock:
+            if reason in self.unrecordable or len(self.unrecordable) < self._capacity:
+                self.unrecordable[reason] = self.unrecordable.get(reason, 0) + 1
 
     def signatures(self) -> list[dict[str, Any]]:
         with self._lock:
@@ -197,6 +219,8 @@ def _jaxlib_version() -> str:
 
 
 def _log_of(fn: Any) -> SignatureLog:
+    """The signatures that `fn` served; a bound function's are those of the function that it
+    binds, whose calls it makes."""
     log = getattr(fn, "_signature_log", None)
     if not isinstance(log, SignatureLog):
         raise TypeError(f"expected a fastpjit function (jit, pjit, pmap, AOT-compiled, "
@@ -245,8 +269,8 @@ class _Checker:
             raise ValueError(f"invalid signature record at {where}: more than {MAX_NODES} "
                              "nodes")
 
-    def obj(self, value: Any, where: str, keys: set[str], optional: set[str] = frozenset()
-            ) -> dict[str, Any]:
+    def obj(self, value: Any, where: str, keys: set[str],
+            optional: frozenset[str] = frozenset()) -> dict[str, Any]:
         if not isinstance(value, dict):
             self.fail(where, "an object", value)
         missing = keys - value.keys()
@@ -614,7 +638,7 @@ def warm_up(path: str | os.PathLike[str], functions: Mapping[str, Any], *,
             with jax.enable_x64(signature["config"]["jax_enable_x64"]):
                 args, kwargs = rebuilder.call(signature)
                 compiles, loaded = _jax.thread_compile_events()
-                jax.block_until_ready(functions[name](*args, **kwargs))
+                jax.block_until_ready(_unbound(functions[name])(*args, **kwargs))
                 compiles_after, loaded_after = _jax.thread_compile_events()
         except Skipped as why:
             return WarmUpEntry(name, i, "skipped", time.perf_counter() - began, str(why))
@@ -631,6 +655,12 @@ def warm_up(path: str | os.PathLike[str], functions: Mapping[str, Any], *,
         workers = 1  # every process replays its collectives in the record's order
     entries = _run(replay, tasks, workers)
     return WarmUpReport(tuple(entries), time.perf_counter() - start)
+
+
+def _unbound(fn: Any) -> Any:
+    """The function whose calls were recorded: a bound function's is the one it binds."""
+    from fastpjit.bind import Bound
+    return fn._function if isinstance(fn, Bound) else fn
 
 
 def _run(replay: Callable[[Any], WarmUpEntry], tasks: list[Any], workers: int
@@ -656,7 +686,7 @@ def _run(replay: Callable[[Any], WarmUpEntry], tasks: list[Any], workers: int
 
 def _progress(total: int) -> Callable[..., None]:
     try:
-        from tqdm import tqdm
+        from tqdm import tqdm  # type: ignore[import-untyped]
     except ImportError:
         return lambda n, close=False: None
     bar = tqdm(total=total, desc="fastpjit warm_up", unit="signature", leave=False,
