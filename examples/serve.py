@@ -9,7 +9,13 @@ params)`, the parameters resident), plain `fastpjit.jit(step)(params, ...)`, and
 `jax.jit(step)(params, ...)`. At the end it checks that all three produced the same tokens,
 prints p50/p90/p99 step latency and tokens/s for each, and saves a latency histogram.
 
+Warm starts: `--record PATH` saves the signatures that the fastpjit functions served, and a
+later run with `--warm-up PATH` compiles them before it takes requests, so that its first
+request is served from the cache (`fastpjit.save_signatures`, `fastpjit.warm_up`).
+
     make serve                       # or: .venv/bin/python examples/serve.py --devices 8
+    .venv/bin/python examples/serve.py --record signatures.json
+    .venv/bin/python examples/serve.py --warm-up signatures.json
 """
 
 from __future__ import annotations
@@ -58,17 +64,19 @@ def shardings(mesh: Any) -> dict[str, Any]:
     return {"embed": whole, "layers": [layer] * LAYERS, "unembed": whole}
 
 
-def new_cache(mesh: Any | None) -> jax.Array:
-    cache = jnp.zeros((LAYERS, 2, MAX_LEN, HEADS, HEAD), jnp.float32)
+def new_cache(mesh: Any | None, length: int = MAX_LEN) -> jax.Array:
+    # From numpy: jnp.zeros would compile a program of JAX's own on a server's first request.
+    cache = np.zeros((LAYERS, 2, length, HEADS, HEAD), np.float32)
     if mesh is None:
-        return cache
+        return jax.device_put(cache, jax.devices()[0])
     return jax.device_put(cache, NamedSharding(mesh, P(None, None, None, "model", None)))
 
 
 def decode_step(params: dict[str, Any], token: Any, position: Any, cache: Any) -> Any:
-    """One token through the model: the next token (greedy) and the updated KV cache."""
+    """One token through the model: the next token (greedy) and the updated KV cache, whose
+    length is the request's bucket."""
     x = params["embed"][token]
-    mask = jnp.arange(MAX_LEN) <= position
+    mask = jnp.arange(cache.shape[2]) <= position
     for i, layer in enumerate(params["layers"]):
         q = (x @ layer["wq"]).reshape(HEADS, HEAD)
         k = (x @ layer["wk"]).reshape(HEADS, HEAD)
@@ -134,6 +142,10 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=24, help="requests per way")
     parser.add_argument("--tokens", type=int, default=24, help="tokens decoded per request")
     parser.add_argument("--out", default="serve_latency.png", help="the histogram's file")
+    parser.add_argument("--record", metavar="PATH",
+                        help="save the signatures served to PATH (fastpjit.save_signatures)")
+    parser.add_argument("--warm-up", metavar="PATH",
+                        help="compile the signatures saved in PATH before serving")
     args = parser.parse_args()
 
     mesh = None
@@ -148,9 +160,19 @@ def main() -> None:
     ways = {"fastpjit bound": bound,
             "fastpjit.jit": lambda *a: plain(params, *a),
             "jax.jit": lambda *a: theirs(params, *a)}
+    # The names under which the record keeps the functions' signatures.
+    recorded = {"decode_step": plain}
 
     rng = np.random.default_rng(1)
     requests = [int(t) for t in rng.integers(0, VOCAB, args.requests)]
+    if args.warm_up:
+        report = fastpjit.warm_up(args.warm_up, recorded)
+        print(f"warm_up: {report.counts()} in {report.seconds:.2f} s")
+    fastpjit.reset_stats()
+    began = time.perf_counter()
+    serve(bound, requests[:1], 2, mesh, _NoProgress())
+    print(f"first request's two tokens, fastpjit bound: {time.perf_counter() - began:.3f} s, "
+          f"{fastpjit.stats()['cache_misses']} cache misses")
     for step in ways.values():  # compile outside the timing
         serve(step, requests[:1], 2, mesh, _NoProgress())
     answers: dict[str, dict[int, list[int]]] = {name: {} for name in ways}
@@ -177,6 +199,9 @@ def main() -> None:
         rate = len(times) / elapsed[name]
         print(f"{name:16} {p50:8.0f} {p90:8.0f} {p99:8.0f} {rate:9.0f}")
     _histogram(latencies, args.out, args.devices)
+    if args.record:
+        fastpjit.save_signatures(args.record, recorded)
+        print(f"signatures served: {Path(args.record).resolve()}")
 
 
 class _NoProgress:
