@@ -13,7 +13,7 @@ def test_stats_start_empty_and_count_fallbacks():
     stats = fastpjit.stats()
     pool = stats.pop("host_pool")
     assert stats == {"cache_hits": 0, "cache_misses": 0, "compiles": 0, "fallbacks": {},
-                     "functions": {}}
+                     "recompiles_stopped": 0, "functions": {}}
     # The host pool's counters restart; its idle memory stays.
     assert (pool["hits"], pool["misses"]) == (0, 0) and pool["limit"] == 1 << 30
     assert 0 <= pool["idle_bytes"] <= pool["limit"]

@@ -123,12 +123,12 @@ def test_a_good_record_loads(tmp_path):
     ([], "an object"),
     (a_record(functions={"f": {"unrecordable": {}, "signatures": [{"args": [{"leaf": {
         "kind": "numpy", "shape": [2 ** 60], "dtype": "float32"}}], "kwargs": {},
-        "config": {"jax_enable_x64": False}}]}}), "a dim in"),
+        "config": {"jax_enable_x64": False, "mesh": None}}]}}), "a dim in"),
     (a_record(functions={"f": {"unrecordable": {}, "signatures": [{"args": [{"leaf": {
         "kind": "numpy", "shape": [2], "dtype": "object"}}], "kwargs": {},
-        "config": {"jax_enable_x64": False}}]}}), "dtype"),
+        "config": {"jax_enable_x64": False, "mesh": None}}]}}), "dtype"),
     (a_record(functions={"f": {"unrecordable": {}, "signatures": [{"args": [{"code": "1"}],
-        "kwargs": {}, "config": {"jax_enable_x64": False}}]}}), "one of the keys"),
+        "kwargs": {}, "config": {"jax_enable_x64": False, "mesh": None}}]}}), "one of the keys"),
 ])
 def test_a_bad_record_raises_value_error_naming_what_is_wrong(tmp_path, record, words):
     with pytest.raises(ValueError, match=words):

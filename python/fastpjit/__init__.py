@@ -16,8 +16,10 @@ from fastpjit.errors import (
     DuplicateSpecError,
     IndivisibleError,
     NoPlacementError,
+    RecompileError,
     ShardingRankError,
 )
+from fastpjit.explain import no_recompiles
 from fastpjit.hlo import compile_hlo
 from fastpjit.install import install, installed, uninstall
 from fastpjit.jit import jit, pjit
@@ -42,6 +44,7 @@ __all__ = [
     "DuplicateSpecError",
     "IndivisibleError",
     "NoPlacementError",
+    "RecompileError",
     "ShardingRankError",
     "__version__",
     "addressable_devices_indices_map",
@@ -55,6 +58,7 @@ __all__ = [
     "installed",
     "jit",
     "make_array_from_process_local_data",
+    "no_recompiles",
     "parse_hlo_sharding",
     "pjit",
     "pmap",

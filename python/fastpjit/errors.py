@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from fastpjit._jax import DuplicateSpecError, IndivisibleError
 
-__all__ = ["DuplicateSpecError", "IndivisibleError", "NoPlacementError", "ShardingRankError"]
+__all__ = ["DuplicateSpecError", "IndivisibleError", "NoPlacementError", "RecompileError",
+           "ShardingRankError"]
 
 
 class ShardingRankError(ValueError, IndexError, AssertionError):
@@ -21,3 +22,8 @@ class NoPlacementError(NotImplementedError, AssertionError):
 
     JAX fails an assertion on the index maps of these, so the error is an AssertionError too.
     """
+
+
+class RecompileError(RuntimeError):
+    """A call inside `fastpjit.no_recompiles()` would have traced and compiled. The message
+    says what differs from the signatures that the function has cached."""

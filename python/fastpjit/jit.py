@@ -20,6 +20,7 @@ import jax
 from fastpjit import _core, _jax
 from fastpjit._shared import FunctionCaches, SharedCaches
 from fastpjit.bind import Bindable
+from fastpjit.explain import check_recompile
 from fastpjit.warm_start import SignatureLog
 
 __all__ = ["Compiled", "JitWrapped", "Lowered", "jit", "pjit"]
@@ -238,6 +239,10 @@ class _JaxFunction:
         # The signatures of the calls cached, shared by the functions of one dispatch cache.
         self.signatures = signatures
 
+    def _name(self) -> str:
+        fun = self._make.args[0] if isinstance(self._make, functools.partial) else self._make
+        return _jax.function_name(fun)
+
     def made(self) -> Any:
         """The jax.jit function if it was made, else None."""
         return self._made
@@ -268,6 +273,7 @@ class _JaxFunction:
 
     @_jax.api_boundary
     def miss(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        check_recompile(self._name(), self.signatures, args, kwargs)
         outcome = _jax.jit_cache_miss(self.active(), args, kwargs)
         self.signatures.note(args, kwargs)
         return outcome

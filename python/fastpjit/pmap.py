@@ -14,6 +14,7 @@ from typing import Any
 
 from fastpjit import _core, _jax
 from fastpjit._shared import FunctionCaches, SharedCaches
+from fastpjit.explain import check_recompile
 from fastpjit.jit import Wrapped
 from fastpjit.warm_start import SignatureLog
 
@@ -92,7 +93,11 @@ def pmap(
             SignatureLog((statics, ())))
 
     caches = _shared_caches.get(fun, options, new_caches)
-    miss = caches.signatures.noting(functools.partial(_jax.pmap_cache_miss, pmapped))
+    def guarded_miss(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        check_recompile(_jax.function_name(fun), caches.signatures, args, kwargs)
+        return _jax.pmap_cache_miss(pmapped, args, kwargs)
+
+    miss = caches.signatures.noting(guarded_miss)
     wrapped = PmapWrapped(pmapped, _jax.api_boundary(miss), caches.dispatch)
     wrapped._signature_log = caches.signatures
     wrapped._pmapped = pmapped

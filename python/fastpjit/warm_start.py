@@ -10,6 +10,7 @@ zero-filled arguments of that signature, so that its first real call is a cache 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -72,17 +73,27 @@ def _static_value(value: Any) -> Any:
                        "JSON value or a dtype")
 
 
+def _mesh(mesh: Any) -> dict[str, Any]:
+    if not isinstance(mesh, jax.sharding.Mesh):
+        raise Unrecordable(f"a {type(mesh).__qualname__}, which the record cannot hold")
+    return {"mesh_shape": list(mesh.devices.shape), "axis_names": list(mesh.axis_names),
+            "axis_types": [t.name for t in mesh.axis_types],
+            "device_ids": [int(d.id) for d in mesh.devices.flat]}
+
+
+def _context_mesh() -> dict[str, Any] | None:
+    """The mesh that `jax.set_mesh` made current, which keys a call; None where none is."""
+    mesh = jax.sharding.get_mesh()
+    return None if mesh.empty else _mesh(mesh)
+
+
 def _sharding(sharding: Any) -> dict[str, Any]:
     if isinstance(sharding, jax.sharding.NamedSharding):
-        mesh = sharding.mesh
         spec = [list(p) if isinstance(p, tuple) else p for p in sharding.spec]
         if any(not (p is None or isinstance(p, str) or (
                 isinstance(p, list) and all(isinstance(q, str) for q in p))) for p in spec):
             raise Unrecordable(f"a PartitionSpec entry the record cannot hold: {sharding.spec}")
-        return {"type": "named", "mesh_shape": list(mesh.devices.shape),
-                "axis_names": list(mesh.axis_names),
-                "axis_types": [t.name for t in mesh.axis_types],
-                "device_ids": [int(d.id) for d in mesh.devices.flat], "spec": spec,
+        return {"type": "named", **_mesh(sharding.mesh), "spec": spec,
                 "memory_kind": sharding.memory_kind}
     if isinstance(sharding, jax.sharding.SingleDeviceSharding):
         (device,) = sharding.device_set
@@ -146,7 +157,8 @@ def describe_call(args: tuple[Any, ...], kwargs: Mapping[str, Any],
                  for i, a in enumerate(args)],
         "kwargs": {k: ({"static": _static_value(v)} if k in static_names else _node(v))
                    for k, v in sorted(kwargs.items())},
-        "config": {"jax_enable_x64": bool(jax.config.read("jax_enable_x64"))},
+        "config": {"jax_enable_x64": bool(jax.config.read("jax_enable_x64")),
+                   "mesh": _context_mesh()},
     }
 
 
@@ -172,10 +184,13 @@ class SignatureLog:
             return outcome
         return miss_and_note
 
+    def describe(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """The signature of a call of this function; raises `Unrecordable`."""
+        return describe_call(args, kwargs, self._static_positions, self._static_names)
+
     def note(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
         try:
-            signature = describe_call(args, kwargs, self._static_positions,
-                                      self._static_names)
+            signature = self.describe(args, kwargs)
         except Unrecordable as why:
             self._count(str(why))
             return
@@ -314,8 +329,12 @@ class _Checker:
         kwargs = self.typed(signature["kwargs"], dict, f"{where}.kwargs", "an object")
         for name, arg in kwargs.items():
             self.argument(arg, f"{where}.kwargs[{name!r}]")
-        config = self.obj(signature["config"], f"{where}.config", {"jax_enable_x64"})
+        config = self.obj(signature["config"], f"{where}.config", {"jax_enable_x64", "mesh"})
         self.typed(config["jax_enable_x64"], bool, f"{where}.config.jax_enable_x64", "a bool")
+        if config["mesh"] is not None:
+            self.obj(config["mesh"], f"{where}.config.mesh", {"mesh_shape", "axis_names",
+                                                             "axis_types", "device_ids"})
+            self.mesh(config["mesh"], f"{where}.config.mesh")
 
     def argument(self, arg: Any, where: str) -> None:
         if isinstance(arg, dict) and arg.keys() == {"static"}:
@@ -414,21 +433,7 @@ class _Checker:
         elif kind == "named":
             self.obj(sharding, where, {"type", "mesh_shape", "axis_names", "axis_types",
                                        "device_ids", "spec", "memory_kind"})
-            self.shape(sharding["mesh_shape"], f"{where}.mesh_shape")
-            names = self.typed(sharding["axis_names"], list, f"{where}.axis_names", "a list")
-            types = self.typed(sharding["axis_types"], list, f"{where}.axis_types", "a list")
-            if len(names) != len(sharding["mesh_shape"]) or len(types) != len(names):
-                self.fail(where, "an axis name and type for each mesh dim",
-                          [names, types, sharding["mesh_shape"]])
-            for i, name in enumerate(names):
-                self.typed(name, str, f"{where}.axis_names[{i}]", "a string")
-            for i, kind in enumerate(types):
-                if kind not in jax.sharding.AxisType.__members__:
-                    self.fail(f"{where}.axis_types[{i}]", "an AxisType name", kind)
-            self.device_ids(sharding["device_ids"], f"{where}.device_ids")
-            if len(sharding["device_ids"]) != math.prod(sharding["mesh_shape"]):
-                self.fail(f"{where}.device_ids", "a device id for each mesh position",
-                          len(sharding["device_ids"]))
+            self.mesh(sharding, where)
             for i, entry in enumerate(self.typed(sharding["spec"], list, f"{where}.spec",
                                                  "a list")):
                 ok = entry is None or isinstance(entry, str) or (
@@ -441,6 +446,23 @@ class _Checker:
         memory_kind = sharding["memory_kind"]
         if memory_kind is not None:
             self.typed(memory_kind, str, f"{where}.memory_kind", "a string or null")
+
+    def mesh(self, sharding: dict[str, Any], where: str) -> None:
+        self.shape(sharding["mesh_shape"], f"{where}.mesh_shape")
+        names = self.typed(sharding["axis_names"], list, f"{where}.axis_names", "a list")
+        types = self.typed(sharding["axis_types"], list, f"{where}.axis_types", "a list")
+        if len(names) != len(sharding["mesh_shape"]) or len(types) != len(names):
+            self.fail(where, "an axis name and type for each mesh dim",
+                      [names, types, sharding["mesh_shape"]])
+        for i, name in enumerate(names):
+            self.typed(name, str, f"{where}.axis_names[{i}]", "a string")
+        for i, kind in enumerate(types):
+            if kind not in jax.sharding.AxisType.__members__:
+                self.fail(f"{where}.axis_types[{i}]", "an AxisType name", kind)
+        self.device_ids(sharding["device_ids"], f"{where}.device_ids")
+        if len(sharding["device_ids"]) != math.prod(sharding["mesh_shape"]):
+            self.fail(f"{where}.device_ids", "a device id for each mesh position",
+                      len(sharding["device_ids"]))
 
 
 def _dtype(name: str, where: str) -> np.dtype:
@@ -503,14 +525,21 @@ class _Rebuilder:
             return dtype.type
         return getattr(jax.numpy, dtype.name)
 
+    def mesh(self, mesh: dict[str, Any]) -> jax.sharding.Mesh:
+        devices = np.array([self.device(i) for i in mesh["device_ids"]], dtype=object)
+        axis_types = tuple(jax.sharding.AxisType[t] for t in mesh["axis_types"])
+        try:
+            return jax.sharding.Mesh(devices.reshape(mesh["mesh_shape"]),
+                                     tuple(mesh["axis_names"]), axis_types=axis_types)
+        except Exception as error:
+            raise Skipped(f"the mesh no longer fits: {type(error).__name__}: {error}"
+                          ) from None
+
     def sharding(self, sharding: dict[str, Any]) -> Any:
         if sharding["type"] == "single":
             return jax.sharding.SingleDeviceSharding(self.device(sharding["device_id"]),
                                                      memory_kind=sharding["memory_kind"])
-        devices = np.array([self.device(i) for i in sharding["device_ids"]], dtype=object)
-        axis_types = tuple(jax.sharding.AxisType[t] for t in sharding["axis_types"])
-        mesh = jax.sharding.Mesh(devices.reshape(sharding["mesh_shape"]),
-                                 tuple(sharding["axis_names"]), axis_types=axis_types)
+        mesh = self.mesh(sharding)
         spec = jax.sharding.PartitionSpec(*(tuple(p) if isinstance(p, list) else p
                                             for p in sharding["spec"]))
         return jax.sharding.NamedSharding(mesh, spec, memory_kind=sharding["memory_kind"])
@@ -634,8 +663,12 @@ def warm_up(path: str | os.PathLike[str], functions: Mapping[str, Any], *,
         if mismatch is not None:
             return WarmUpEntry(name, i, "skipped", 0.0, mismatch)
         from fastpjit import _jax
+        config = signature["config"]
         try:
-            with jax.enable_x64(signature["config"]["jax_enable_x64"]):
+            with contextlib.ExitStack() as scope:
+                scope.enter_context(jax.enable_x64(config["jax_enable_x64"]))
+                if config["mesh"] is not None:
+                    scope.enter_context(jax.set_mesh(rebuilder.mesh(config["mesh"])))
                 args, kwargs = rebuilder.call(signature)
                 compiles, loaded = _jax.thread_compile_events()
                 jax.block_until_ready(_unbound(functions[name])(*args, **kwargs))

@@ -25,6 +25,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(stats::reset_stats, m)?)?;
     m.add_function(wrap_pyfunction!(stats::py_count_fallback, m)?)?;
     m.add_function(wrap_pyfunction!(stats::count_compiles, m)?)?;
+    m.add_function(wrap_pyfunction!(stats::count_recompile_stopped, m)?)?;
     m.add_function(wrap_pyfunction!(index_maps::devices_indices_map, m)?)?;
     m.add_function(wrap_pyfunction!(
         index_maps::addressable_devices_indices_map,

@@ -14,6 +14,8 @@ static OTHERS: FunctionStats = FunctionStats::new();
 /// The counts of every function by name, those of dead functions included, so that a summary
 /// at exit names them all.
 static FUNCTIONS: Mutex<BTreeMap<String, Arc<FunctionStats>>> = Mutex::new(BTreeMap::new());
+/// Calls that `fastpjit.no_recompiles` stopped, in all functions.
+static RECOMPILES_STOPPED: AtomicU64 = AtomicU64::new(0);
 /// How many names `FUNCTIONS` holds; the functions of further names share one entry.
 const NAMED_FUNCTIONS: usize = 4096;
 const OTHER_FUNCTIONS: &str = "(other functions)";
@@ -179,6 +181,10 @@ pub fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     out.set_item("cache_misses", totals[1])?;
     out.set_item("compiles", totals[2])?;
     out.set_item("fallbacks", fallbacks.into_pyobject(py)?)?;
+    out.set_item(
+        "recompiles_stopped",
+        RECOMPILES_STOPPED.load(Ordering::Relaxed),
+    )?;
     out.set_item("functions", per_function)?;
     out.set_item("host_pool", crate::host_memory::host_pool_stats(py)?)?;
     Ok(out)
@@ -188,6 +194,7 @@ pub fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 #[pyfunction]
 pub fn reset_stats() {
     OTHERS.reset();
+    RECOMPILES_STOPPED.store(0, Ordering::Relaxed);
     let mut functions = lock(&FUNCTIONS);
     functions.retain(|_, stats| Arc::strong_count(stats) > 1);
     for stats in functions.values() {
@@ -195,6 +202,12 @@ pub fn reset_stats() {
     }
     drop(functions);
     crate::host_memory::reset_host_pool_counters();
+}
+
+/// Counts a call that `fastpjit.no_recompiles` stopped.
+#[pyfunction]
+pub fn count_recompile_stopped() {
+    RECOMPILES_STOPPED.fetch_add(1, Ordering::Relaxed);
 }
 
 /// Counts backend compiles that no cache miss reported (`compile_hlo`'s).

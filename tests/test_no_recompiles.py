@@ -1,0 +1,135 @@
+"""no_recompiles: inside it a call that would trace and compile raises RecompileError, naming
+what differs from the nearest cached signature; hits pass; it is per thread."""
+
+import re
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import fastpjit
+
+
+@pytest.fixture
+def mesh():
+    return jax.make_mesh((2, 4), ("x", "y"))
+
+
+def warmed(*calls, **options):
+    """fastpjit.jit of a new function (so a cache of its own), called with `calls`."""
+    def scale(x, y, n=2, *, mode="times"):
+        return x * y * n if mode == "times" else x + y
+
+    f = fastpjit.jit(scale, static_argnames=("n", "mode"), **options)
+    for args, kwargs in calls:
+        f(*args, **kwargs)
+    return f
+
+
+def test_hits_pass_and_misses_raise_naming_the_weak_type():
+    f = warmed(((jnp.ones(4, jnp.float32), jnp.float32(2)), {}))
+    with fastpjit.no_recompiles():
+        np.testing.assert_array_equal(f(jnp.ones(4, jnp.float32), jnp.float32(2)), 4.0)
+        with pytest.raises(fastpjit.RecompileError) as error:
+            f(jnp.ones(4, jnp.float32), 2.0)
+    message = str(error.value)
+    assert "scale" in message and "args[1]: kind differs" in message
+    assert "Python float (weak-typed)" in message and "jax.Array float32[]" in message
+
+
+@pytest.mark.parametrize(("first", "second", "words"), [
+    ((jnp.ones(4), jnp.ones(4)), (jnp.ones(8), jnp.ones(8)), "args[0]: shape differs"),
+    ((jnp.ones(4), jnp.ones(4)), (jnp.ones(4, jnp.int32), jnp.ones(4)), "args[0]: dtype"),
+    ((jnp.ones(4), jnp.ones(())), (jnp.ones(4), jnp.asarray(1.0)), "args[1]: weak type"),
+    ((jax.device_put(jnp.ones(4), jax.devices()[1]), jnp.ones(4)),
+     (jax.device_put(jnp.ones(4), jax.devices()[2]), jnp.ones(4)), "args[0]: sharding"),
+    ((jax.device_put(jnp.ones(4), jax.devices()[1]), jnp.ones(4)),
+     (jnp.ones(4), jnp.ones(4)), "args[0]: committed differs"),
+])
+def test_each_cause_of_a_miss_is_named(first, second, words):
+    f = warmed((first, {}))
+    with fastpjit.no_recompiles(), pytest.raises(fastpjit.RecompileError,
+                                                 match=re.escape(words)):
+        f(*second)
+
+
+def test_a_new_static_value_and_keyword_are_named():
+    f = warmed(((jnp.ones(4), jnp.ones(4)), {"n": 3}))
+    with fastpjit.no_recompiles():
+        with pytest.raises(fastpjit.RecompileError, match=r"kwargs\['n'\]: static value"):
+            f(jnp.ones(4), jnp.ones(4), n=4)
+        with pytest.raises(fastpjit.RecompileError, match="keyword arguments differs"):
+            f(jnp.ones(4), jnp.ones(4), n=3, mode="plus")
+
+
+def test_a_sharding_change_is_named(mesh):
+    rows = jax.device_put(np.ones((8, 8), np.float32), NamedSharding(mesh, P("x")))
+    cols = jax.device_put(np.ones((8, 8), np.float32), NamedSharding(mesh, P(None, "y")))
+    f = warmed(((rows, rows), {}))
+    with fastpjit.no_recompiles(), pytest.raises(fastpjit.RecompileError) as error:
+        f(cols, rows)
+    assert "args[0]: sharding differs" in str(error.value)
+    assert "P(None, 'y')" in str(error.value) and "P('x')" in str(error.value)
+
+
+def test_x64_and_a_mesh_context_are_named(mesh):
+    f = warmed(((jnp.ones(4), jnp.ones(4)), {}))
+    with fastpjit.no_recompiles():
+        with jax.enable_x64(True), pytest.raises(fastpjit.RecompileError, match="x64"):
+            f(jnp.ones(4, jnp.float32), jnp.ones(4, jnp.float32))
+        with jax.set_mesh(mesh), pytest.raises(fastpjit.RecompileError, match="mesh context"):
+            f(jnp.ones(4), jnp.ones(4))
+
+
+def test_the_first_call_of_a_function_raises_saying_nothing_is_cached():
+    f = fastpjit.jit(lambda x: x + 1)
+    with fastpjit.no_recompiles(), pytest.raises(fastpjit.RecompileError,
+                                                 match="Nothing is cached"):
+        f(jnp.ones(2))
+
+
+def test_pmap_misses_raise_and_hits_pass():
+    f = fastpjit.pmap(lambda x: x * 2)
+    f(np.ones((8, 2), np.float32))
+    with fastpjit.no_recompiles():
+        f(np.ones((8, 2), np.float32))
+        with pytest.raises(fastpjit.RecompileError, match="shape differs"):
+            f(np.ones((8, 3), np.float32))
+
+
+def test_aot_and_hlo_functions_never_compile_on_a_call():
+    compiled = fastpjit.jit(lambda x: x * 2).lower(jnp.ones(4)).compile()
+    with fastpjit.no_recompiles():
+        np.testing.assert_array_equal(compiled(jnp.ones(4)), 2.0)
+
+
+def test_it_is_per_thread_and_works_as_a_decorator():
+    f = warmed(((jnp.ones(4), jnp.ones(4)), {}))
+    outcome = {}
+
+    @fastpjit.no_recompiles()
+    def guarded():
+        f(jnp.ones(16), jnp.ones(16))
+
+    def other_thread():
+        outcome["other"] = f(jnp.ones(8), jnp.ones(8)).shape  # compiles: not guarded here
+
+    with fastpjit.no_recompiles():
+        thread = threading.Thread(target=other_thread)
+        thread.start()
+        thread.join()
+    assert outcome["other"] == (8,)
+    with pytest.raises(fastpjit.RecompileError):
+        guarded()
+    f(jnp.ones(16), jnp.ones(16))  # outside: compiles
+
+
+def test_stats_count_what_it_stopped():
+    f = warmed(((jnp.ones(4), jnp.ones(4)), {}))
+    before = fastpjit.stats()["recompiles_stopped"]
+    with fastpjit.no_recompiles(), pytest.raises(fastpjit.RecompileError):
+        f(jnp.ones(5), jnp.ones(5))
+    assert fastpjit.stats()["recompiles_stopped"] == before + 1
