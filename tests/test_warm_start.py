@@ -266,3 +266,21 @@ def test_misuse_raises_type_and_value_errors(tmp_path, recorded):
         fastpjit.save_signatures(tmp_path / "r.json", [fastpjit.jit(abs)])
     with pytest.raises(ValueError, match="threads"):
         fastpjit.warm_up(recorded, {}, threads=0)
+
+
+def test_a_call_under_a_mesh_context_replays_under_it(mesh, tmp_path):
+    def make():
+        return fastpjit.jit(lambda x: jax.lax.with_sharding_constraint(x * 2, P("x")))
+
+    served = make()
+    with jax.set_mesh(mesh):
+        served(jax.device_put(np.ones((8, 4), np.float32), NamedSharding(mesh, P("x"))))
+    fastpjit.save_signatures(tmp_path / "r.json", {"f": served})
+    fresh = make()
+    report = fastpjit.warm_up(tmp_path / "r.json", {"f": fresh})
+    assert report.counts() == {"compiled": 1}
+    before = fastpjit.stats()["cache_misses"]
+    with jax.set_mesh(mesh):
+        out = fresh(jax.device_put(np.ones((8, 4), np.float32), NamedSharding(mesh, P("x"))))
+    assert fastpjit.stats()["cache_misses"] == before
+    np.testing.assert_array_equal(out, 2.0)
