@@ -12,7 +12,9 @@ import operator
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from fastpjit import _core, _jax
+from fastpjit import _core
+from fastpjit._jax import api as _jax
+from fastpjit._jax.jit_miss import pmap_cache_miss
 from fastpjit._shared import SharedCaches
 from fastpjit.jit import Wrapped
 
@@ -88,7 +90,7 @@ def pmap(
             kind="pmap")
 
     wrapped = PmapWrapped(
-        pmapped, _jax.api_boundary(functools.partial(_jax.pmap_cache_miss, pmapped)),
+        pmapped, _jax.api_boundary(functools.partial(pmap_cache_miss, pmapped)),
         _shared_caches.get(fun, options, new_cache))
     wrapped._pmapped = pmapped
     wrapped._make = functools.partial(pmap, **options)
