@@ -92,7 +92,7 @@ ARRAY_HOST_VALUE = "_npy_value"
 array_single_device_arrays = vars(ArrayImpl)["_arrays"].fget
 
 
-# jit: the cache miss that JAX's own C++ dispatcher would run, and what a hit needs.
+# The dispatcher: what a cached call of a jit or pmap function needs.
 
 # What the Rust dispatcher reads on every call: JAX's dispatch registry (which takes apart the
 # pytree nodes that are not builtin containers), and JAX's jit key,

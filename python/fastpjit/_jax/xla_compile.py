@@ -25,6 +25,7 @@ def gspmd_sharding(devices: Sequence[Any], hlo_text: str) -> GSPMDSharding:
     return GSPMDSharding(tuple(devices), xc.HloSharding.from_string(hlo_text))
 
 
+# Every thread's compiles, which tests and benches compare with fastpjit.stats().
 _backend_compiles = 0
 # Compiles by the thread that runs them: a miss counts its own, not those of misses that
 # other threads run meanwhile.
