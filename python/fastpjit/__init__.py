@@ -34,7 +34,7 @@ from fastpjit.transfer import device_get, device_put, make_array_from_process_lo
 
 # In a process that `python -m fastpjit.launch` started: report an uncaught exception to the
 # launcher at once, and die with the launcher. (Importing fastpjit also registers the launcher's
-# cluster environment with jax.distributed, in fastpjit._jax.)
+# cluster environment with jax.distributed, in fastpjit._jax.cluster_env.)
 _launched.install()
 
 __all__ = [
