@@ -42,7 +42,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import fastpjit
-from fastpjit import _jax
+from fastpjit._jax.jit_miss import jit_cache_miss, pmap_cache_miss
 
 COLUMNS = ("kind", "devices")
 SHAPE = (8, 4)
@@ -302,8 +302,8 @@ def _donation_loop(kind: str, d: int) -> Sides:
     x = make()
     ours, theirs = wrap(loop_step, **options), oracle(fresh(loop_step), **options)
     floor_fn = oracle(fresh(loop_step), **options)
-    miss = (_jax.jit_cache_miss(floor_fn, (make(), x), {}) if kind == "jit"
-            else _jax.pmap_cache_miss(floor_fn, (make(), x), {}))
+    miss = (jit_cache_miss(floor_fn, (make(), x), {}) if kind == "jit"
+            else pmap_cache_miss(floor_fn, (make(), x), {}))
     run = runner(miss.fast_path)
     states = {"ours": ours(make(), x), "jax": theirs(make(), x),
               "floor": run(placed_inputs(miss.fast_path, [make(), x]))}
@@ -347,7 +347,7 @@ def _new_host_arrays(d: int) -> Sides:
 
 def _new_batches(fun: Any, calls: Calls, **options: Any) -> Sides:
     ours, theirs = fastpjit.jit(fun, **options), jax.jit(fresh(fun), **options)
-    miss = _jax.jit_cache_miss(jax.jit(fresh(fun), **options), *calls[0])
+    miss = jit_cache_miss(jax.jit(fresh(fun), **options), *calls[0])
     run = runner(miss.fast_path)
     placed = [placed_inputs(miss.fast_path, list(args)) for args, _ in calls]
     floors = [lambda p=p: run(p) for p in placed]
@@ -381,7 +381,7 @@ def _training_batches(kind: str, d: int, rows: int, features: int) -> Sides:
         params = jax.pmap(lambda v: v, **options)((np.stack([w] * d), np.stack([b] * d)))
         ours, theirs = fastpjit.pmap(train_step, **options), jax.pmap(fresh(train_step), **options)
         floor_fn = jax.pmap(fresh(train_step), **options)
-        miss = _jax.pmap_cache_miss(floor_fn, (params, *batches[0]), {})
+        miss = pmap_cache_miss(floor_fn, (params, *batches[0]), {})
     else:
         options = {}
         if d > 1:
@@ -392,7 +392,7 @@ def _training_batches(kind: str, d: int, rows: int, features: int) -> Sides:
         else:
             params = jax.device_put((w, b))
         ours, theirs = fastpjit.jit(train_step, **options), jax.jit(fresh(train_step), **options)
-        miss = _jax.jit_cache_miss(jax.jit(fresh(train_step), **options),
+        miss = jit_cache_miss(jax.jit(fresh(train_step), **options),
                                    (params, *batches[0]), {})
     run = runner(miss.fast_path)
     placed = [placed_inputs(miss.fast_path, [*jax.tree.leaves(params), x, y])
@@ -427,9 +427,9 @@ def _chained_pmaps(d: int) -> Sides:
 
     f_ours, g_ours = fastpjit.pmap(plus_one, **options), fastpjit.pmap(second, **options)
     f_jax, g_jax = jax.pmap(fresh(plus_one), **options), jax.pmap(fresh(second), **options)
-    f_miss = _jax.pmap_cache_miss(jax.pmap(fresh(plus_one), **options), (x,), {})
+    f_miss = pmap_cache_miss(jax.pmap(fresh(plus_one), **options), (x,), {})
     y = f_ours(x)
-    g_miss = _jax.pmap_cache_miss(jax.pmap(fresh(second), **options), (y,), {})
+    g_miss = pmap_cache_miss(jax.pmap(fresh(second), **options), (y,), {})
     run_f, run_g = runner(f_miss.fast_path), runner(g_miss.fast_path)
     x_placed = placed_inputs(f_miss.fast_path, [x])
     x_ours = f_ours(x)  # the same input, placed, on every side: a pmap's output too

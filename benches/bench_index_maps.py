@@ -29,11 +29,15 @@ from __future__ import annotations
 import jax
 import numpy as np
 from harness import Call, Case, Plot, Sides, loglog_slope
+from jax._src import named_sharding as jax_named_sharding
+from jax._src import op_shardings as jax_op_shardings
+from jax._src import sharding as jax_sharding
+from jax._src import sharding_impls as jax_sharding_impls
+from jax._src import util as jax_util
 from jax.sharding import AbstractMesh, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import fastpjit
-from fastpjit import _jax
 
 SHAPE = (8192, 8192)
 MESHES = {8: (2, 4), 64: (8, 8), 512: (16, 32), 4096: (64, 64), 32768: (128, 256)}
@@ -51,12 +55,40 @@ PLOT = Plot(file="index_maps.png", x="devices", series="spec", panel="api",
             xlabel="devices (mesh positions)")
 
 
+# JAX's memo caches on the devices_indices_map path, cleared for a cold call.
+_INDEX_MAP_CACHES = (
+    jax_sharding.common_devices_indices_map,
+    jax_sharding._addressable_devices_indices_map,
+    jax_sharding._common_shard_shape,
+    jax_named_sharding.named_sharding_to_xla_hlo_sharding,
+    jax_sharding_impls.device_replica_id_map,
+)
+
+
+def _clear_index_map_caches() -> None:
+    """Empties JAX's memo caches on the devices_indices_map path, so its next call runs cold."""
+    for cache in _INDEX_MAP_CACHES:
+        cache.cache_clear()
+
+
+def _jax_cache_counts() -> tuple[int, int]:
+    """(hits, misses) so far, summed over every cache that JAX registers."""
+    infos = [c.cache_info() for c in list(jax_util._caches) if hasattr(c, "cache_info")]
+    return sum(info.hits for info in infos), sum(info.misses for info in infos)
+
+
+def _jax_indices_from_named(sharding, shape, num_devices):
+    """JAX's own per-position indices of a NamedSharding, abstract meshes included."""
+    hlo = jax_named_sharding.named_sharding_to_xla_hlo_sharding(sharding, len(shape))
+    return jax_op_shardings.op_sharding_to_indices(hlo, shape, num_devices)
+
+
 def _cache_counts(clear, fn) -> tuple[int, int]:
     """The cache hits and misses of JAX's caches during `fn()`, after `clear()`."""
     clear()
-    hits, misses = _jax.jax_cache_counts()
+    hits, misses = _jax_cache_counts()
     fn()
-    hits_after, misses_after = _jax.jax_cache_counts()
+    hits_after, misses_after = _jax_cache_counts()
     return hits_after - hits, misses_after - misses
 
 
@@ -67,11 +99,11 @@ def _cold_jax(fn) -> Call:
     a cache left warm would turn one of that call's misses into a hit.
     """
     everything = _cache_counts(jax.clear_caches, fn)
-    ours = _cache_counts(_jax.clear_index_map_caches, fn)
+    ours = _cache_counts(_clear_index_map_caches, fn)
     if ours != everything:
         raise AssertionError(f"a JAX cache stayed warm: (hits, misses) {ours} after clearing "
                              f"the index-map caches, {everything} after clearing all")
-    return Call(fn, setup=_jax.clear_index_map_caches)
+    return Call(fn, setup=_clear_index_map_caches)
 
 
 def _same_dict(ours, theirs):
@@ -105,7 +137,7 @@ def _abstract(devices: int, spec_name: str) -> Sides:
     made = fastpjit.indices_array(sharding, SHAPE)
     return Sides(
         ours=lambda: fastpjit.indices_array(sharding, SHAPE),
-        jax=_cold_jax(lambda: _jax.jax_indices_from_named(sharding, SHAPE, devices)),
+        jax=_cold_jax(lambda: _jax_indices_from_named(sharding, SHAPE, devices)),
         floor=made.copy,
         check=lambda ours, theirs: np.array_equal(ours, _bounds(theirs, SHAPE)),
     )

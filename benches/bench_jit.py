@@ -30,7 +30,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import fastpjit
-from fastpjit import _jax
+from fastpjit._jax.rust_handles import batched_device_put
+from fastpjit._jax.xla_compile import backend_compiles
 
 SHAPE = (8, 4)
 TREE_SIZES = (10, 100, 1000)
@@ -62,9 +63,19 @@ def same_result(ours, theirs) -> bool:
     return True
 
 
+def _compiled_parts(compiled):
+    """A Compiled's LoadedExecutable, result handlers and output treedef; flat inputs only."""
+    executable = compiled._executable
+    kept_all = executable._kept_var_idx == set(range(compiled.in_tree.num_leaves))
+    if compiled._params.const_args or not kept_all:
+        raise ValueError("the executable's inputs are not the call's flat arguments")
+    handlers = list(executable.unsafe_call.out_handler.handlers)
+    return executable.xla_executable, handlers, compiled.out_tree
+
+
 def _floor(compiled, flat_inputs: list):
     """The raw call of `compiled`'s executable on `flat_inputs`, placed as it expects them."""
-    executable, handlers, out_tree = _jax.compiled_parts(compiled)
+    executable, handlers, out_tree = _compiled_parts(compiled)
     execute = executable.execute_sharded
     if out_tree.num_leaves == 1 and out_tree.num_nodes == 1:
         return lambda: execute(flat_inputs).consume_with_handlers(handlers)[0]
@@ -133,12 +144,12 @@ def _numpy_placed_each_call() -> Sides:
     placed = jax.device_put(host, sharding)
     indices = sharding.addressable_devices_indices_map(SHAPE)
     shards, devices = [host[index] for index in indices.values()], list(indices)
-    executable, handlers, _ = _jax.compiled_parts(
+    executable, handlers, _ = _compiled_parts(
         jax.jit(_plus_one, in_shardings=sharding).lower(host).compile())
     execute = executable.execute_sharded
 
     def floor():
-        x = _jax.batched_device_put(placed.aval, sharding, shards, devices)
+        x = batched_device_put(placed.aval, sharding, shards, devices)
         return execute([x]).consume_with_handlers(handlers)[0]
 
     same_result(floor(), sides.jax())
@@ -156,7 +167,7 @@ def _numpy_put() -> Sides:
     devices = list(sharding.addressable_devices_indices_map(SHAPE))
 
     def floor():
-        return _jax.batched_device_put(placed.aval, sharding, shards, devices)
+        return batched_device_put(placed.aval, sharding, shards, devices)
 
     return Sides(ours=lambda: fastpjit.device_put(host, sharding),
                  jax=lambda: jax.device_put(host, sharding), floor=floor, check=same_result)
@@ -182,9 +193,9 @@ def _miss() -> Sides:
         return jax.jit(lambda a: a + constant)(x)
 
     for side, call in (("fastpjit", ours), ("JAX", theirs)):
-        before = _jax.backend_compiles()
+        before = backend_compiles()
         call()
-        if _jax.backend_compiles() - before != 1:
+        if backend_compiles() - before != 1:
             raise CheckFailed(f"cache miss: a {side} call did not compile exactly once")
     return Sides(ours=ours, jax=theirs, check=same_result)
 

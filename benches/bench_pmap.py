@@ -17,7 +17,8 @@ from floors import pmap_floor, runner
 from harness import Case, Sides
 
 import fastpjit
-from fastpjit import _jax
+from fastpjit._jax.jit_miss import pmap_cache_miss
+from fastpjit._jax.rust_handles import batched_device_put
 
 COLUMNS = ("devices", "args")
 GOAL_OVERHEAD_RATIO = 0.2
@@ -62,14 +63,14 @@ def _numpy_placed_each_call() -> Sides:
     host = np.arange(32, dtype=np.float32).reshape(8, 4)
     placed = _placed(8, 4)
     theirs = jax.pmap(lambda v: v + 1, devices=jax.devices()[:8])
-    fast_path = _jax.pmap_cache_miss(theirs, (placed,), {}).fast_path
+    fast_path = pmap_cache_miss(theirs, (placed,), {}).fast_path
     sharding = fast_path.in_shardings[0]
     indices = sharding.addressable_devices_indices_map(host.shape)
     shards, devices = [host[index] for index in indices.values()], list(indices)
     run = runner(fast_path)
 
     def floor():
-        return run([_jax.batched_device_put(placed.aval, sharding, shards, devices)])
+        return run([batched_device_put(placed.aval, sharding, shards, devices)])
 
     assert _same(floor(), sides.jax())
     return Sides(ours=sides.ours, jax=sides.jax, floor=floor, check=_same)

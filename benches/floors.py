@@ -12,7 +12,8 @@ from typing import Any
 
 import jax
 
-from fastpjit import _jax
+from fastpjit._jax.api import jit_static_args
+from fastpjit._jax.jit_miss import jit_cache_miss, pmap_cache_miss
 
 
 def placed_inputs(fast_path: Any, flat_args: list[Any]) -> list[Any]:
@@ -61,21 +62,21 @@ def waiting(call: Callable[[], Any]) -> Callable[[], Any]:
 def jit_floor(jitted: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
               statics: tuple[int, ...] = ()) -> Callable[[], Any]:
     """The floor of `jitted(*args, **kwargs)` (a jax.jit function), inputs placed once."""
-    miss = _jax.jit_cache_miss(jitted, args, kwargs)
+    miss = jit_cache_miss(jitted, args, kwargs)
     return _floor(miss, _dynamic_leaves(args, kwargs, statics, jitted))
 
 
 def pmap_floor(pmapped: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                statics: tuple[int, ...] = ()) -> Callable[[], Any]:
     """The floor of `pmapped(*args, **kwargs)` (a jax.pmap function), inputs placed once."""
-    miss = _jax.pmap_cache_miss(pmapped, args, kwargs)
+    miss = pmap_cache_miss(pmapped, args, kwargs)
     dynamic = tuple(a for i, a in enumerate(args) if i not in statics)
     return _floor(miss, jax.tree.leaves((dynamic, kwargs)))
 
 
 def _dynamic_leaves(args: tuple[Any, ...], kwargs: dict[str, Any], statics: tuple[int, ...],
                     jitted: Any) -> list[Any]:
-    argnums, argnames = _jax.jit_static_args(jitted)
+    argnums, argnames = jit_static_args(jitted)
     static_positions = {i if i >= 0 else len(args) + i for i in (*argnums, *statics)}
     dynamic = tuple(a for i, a in enumerate(args) if i not in static_positions)
     dynamic_kwargs = {k: v for k, v in kwargs.items() if k not in argnames}

@@ -27,7 +27,7 @@ def _measure() -> None:
     import numpy as np
 
     import fastpjit
-    from fastpjit import _jax
+    from fastpjit._jax.jit_miss import pmap_cache_miss
 
     sys.path.insert(0, str(Path(__file__).parent))
     from floors import placed_inputs, runner
@@ -47,7 +47,7 @@ def _measure() -> None:
     report = []
     for name, fun, args, options, wait in cases:
         ours, theirs = fastpjit.pmap(fun, **options), jax.pmap(fun, **options)
-        miss = _jax.pmap_cache_miss(jax.pmap(fun, **options), args, {})
+        miss = pmap_cache_miss(jax.pmap(fun, **options), args, {})
         statics = options.get("static_broadcasted_argnums", ())
         dynamic = [a for i, a in enumerate(args) if i not in statics]
         in_global = miss.fast_path.in_global

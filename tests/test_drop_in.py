@@ -22,10 +22,11 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import fastpjit
-from fastpjit import _jax
+from fastpjit._jax.api import jax_jit, jax_pmap
+from fastpjit._jax.xla_compile import backend_compiles
 from fastpjit._shared import SharedCaches
 
-JAX_JIT, JAX_PMAP = _jax.jax_jit, _jax.jax_pmap
+JAX_JIT, JAX_PMAP = jax_jit, jax_pmap
 DELEGATED = ("jit: new numpy arrays, which JAX's C++ dispatch places for less than jaxlib's "
              "Python API allows: JAX runs the call")
 
@@ -279,13 +280,13 @@ def test_jit_applied_again_in_a_loop_hits_and_compiles_once(wrap):
     x = jnp.arange(4.0)
     name = "rewrapped_in_a_loop"
     fastpjit.jit(rewrapped_in_a_loop).clear_cache()
-    before, compiles = counts(name), _jax.backend_compiles()
+    before, compiles = counts(name), backend_compiles()
     for _ in range(10):
         np.testing.assert_array_equal(wrap(rewrapped_in_a_loop)(x), np.asarray(x) * 3 + 1)
     after = counts(name)
     assert after["cache_misses"] - before["cache_misses"] <= 1
     assert after["cache_hits"] - before["cache_hits"] >= 9
-    assert _jax.backend_compiles() - compiles <= 1
+    assert backend_compiles() - compiles <= 1
 
 
 def test_other_options_get_another_cache_and_a_dead_wrapper_frees_nothing_in_use():
@@ -325,7 +326,7 @@ import sys
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 import fastpjit
-from fastpjit import _jax
+from fastpjit._jax.xla_compile import backend_compiles
 
 jit = jax.jit if sys.argv[1] == "jax" else fastpjit.jit
 mesh = jax.make_mesh((8,), ("batch",), axis_types=(AxisType.Explicit,))
@@ -346,19 +347,19 @@ with jax.set_mesh(mesh):
     step = jit(update)
     for i in range(4):
         batch = jax.device_put(np.full((16, 4), i, np.float32), NamedSharding(mesh, P("batch")))
-        before = _jax.backend_compiles()
+        before = backend_compiles()
         params = step(params, batch)
-        compiles.append(_jax.backend_compiles() - before)
+        compiles.append(backend_compiles() - before)
 # Matrix patterns: a weak-typed scalar and a strong one, alternating dtypes, a rewrapped jit.
 f = jit(lambda v, s: v * s)
 for s in (1.0, 2.0, np.float32(1.0), 3, jnp.float32(2.0)):
-    before = _jax.backend_compiles()
+    before = backend_compiles()
     f(jnp.ones(4), s)
-    compiles.append(_jax.backend_compiles() - before)
+    compiles.append(backend_compiles() - before)
 for dtype in (np.float32, np.int32, np.float32, np.int32):
-    before = _jax.backend_compiles()
+    before = backend_compiles()
     f(jnp.ones(4, dtype), 1)
-    compiles.append(_jax.backend_compiles() - before)
+    compiles.append(backend_compiles() - before)
 print(compiles)
 """
 

@@ -33,7 +33,8 @@ from jax.sharding import AxisType, NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
 
 import fastpjit
-from fastpjit import _jax
+from fastpjit._jax.jit_miss import jit_cache_miss
+from fastpjit._jax.xla_compile import backend_compiles
 from fastpjit.warm_start import SignatureLog
 
 DEVICES = tuple(jax.devices())
@@ -983,9 +984,9 @@ def test_recompiles_on_a_new_signature_only():
     ours, theirs = fastpjit.jit(plus_one_function()), jax.jit(plus_one_function())
 
     def call(x: Any, compiles: int | None = None) -> None:
-        counts, jax_before = Counts(), _jax.backend_compiles()
+        counts, jax_before = Counts(), backend_compiles()
         expected = theirs(x)
-        jax_compiles = _jax.backend_compiles() - jax_before
+        jax_compiles = backend_compiles() - jax_before
         assert_same_outputs(ours(x), expected)
         assert counts["compiles"] == jax_compiles
         if compiles is not None:
@@ -1078,9 +1079,9 @@ def test_fastpjit_compiles_and_jax_jit_of_the_same_function_reuses_it():
     out = fastpjit.jit(fun)(x, y)
     assert counts["compiles"] == 1
     assert fastpjit.stats()["fallbacks"] == reasons  # nothing went to JAX
-    before = _jax.backend_compiles()
+    before = backend_compiles()
     expected = jax.jit(fun)(x, y)
-    assert _jax.backend_compiles() == before
+    assert backend_compiles() == before
     assert_same_outputs(out, expected)
     # And against JAX's own compile of a copy of the function:
     assert_same_outputs(out, jax.jit(fresh(fun))(x, y))
@@ -1128,7 +1129,7 @@ def bounded_jit(fun: Any, capacity: int) -> Any:
     """fastpjit.jit(fun) with a small cache; jit() itself keeps the default capacity."""
     jitted = jax.jit(fun)
     cache = fastpjit._core.DispatchCache("bounded", [], [], capacity=capacity)
-    wrapped = jit_module.JitWrapped(jitted, functools.partial(_jax.jit_cache_miss, jitted), cache)
+    wrapped = jit_module.JitWrapped(jitted, functools.partial(jit_cache_miss, jitted), cache)
     wrapped._jax_function = jit_module._JaxFunction(lambda: jitted, SignatureLog(), made=jitted)
     return wrapped
 
@@ -1603,8 +1604,8 @@ def test_concurrent_misses_of_one_signature():
     theirs = jax.jit(plus_one_function())
     run(theirs)
     ours = fastpjit.jit(plus_one_function())
-    counts, compiles_before = Counts(), _jax.backend_compiles()
+    counts, compiles_before = Counts(), backend_compiles()
     run(ours)
     assert counts["cache_hits"] + counts["cache_misses"] == 12
-    assert counts["compiles"] == _jax.backend_compiles() - compiles_before == 1
+    assert counts["compiles"] == backend_compiles() - compiles_before == 1
     assert ours.cache_size() == theirs._cache_size() == 1

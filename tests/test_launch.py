@@ -16,7 +16,8 @@ import time
 import pytest
 from jax._src import clusters
 
-from fastpjit import _jax, _launched
+from fastpjit import _launched
+from fastpjit._jax.cluster_env import LaunchedCluster
 from fastpjit.launch import STOP_GRACE_S, TIMEOUT_STATUS, Launcher
 
 LAUNCH = [sys.executable, "-m", "fastpjit.launch"]
@@ -241,9 +242,9 @@ def test_jax_finds_the_launch_before_any_other_cluster(monkeypatch):
     monkeypatch.setenv(_launched.PROCESS_ID, "1")
     monkeypatch.setenv(_launched.NUM_PROCESSES, "2")
     monkeypatch.setenv(_launched.COORDINATOR_ADDRESS, "127.0.0.1:5000")
-    assert clusters.ClusterEnv._cluster_types[0] is _jax.LaunchedCluster
+    assert clusters.ClusterEnv._cluster_types[0] is LaunchedCluster
     detected = clusters.ClusterEnv.auto_detect_unset_distributed_params(
         None, None, None, None, None, 300)
     assert detected == ("127.0.0.1:5000", 2, 1, [1])
     monkeypatch.delenv(_launched.PROCESS_ID)
-    assert not _jax.LaunchedCluster.is_env_present()
+    assert not LaunchedCluster.is_env_present()

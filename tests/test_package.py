@@ -1,6 +1,11 @@
 """The package surface: version, stats, and the typed stub."""
 
+import typing
+
+import jax.numpy as jnp
+
 import fastpjit
+from fastpjit._stats import FunctionStats, HostPoolStats, Stats
 
 
 def test_version_matches_the_native_module():
@@ -22,6 +27,37 @@ def test_stats_start_empty_and_count_fallbacks():
     assert fastpjit.stats()["fallbacks"] == {"test reason": 2}
     fastpjit.reset_stats()
     assert fastpjit.stats()["fallbacks"] == {}
+
+
+def _assert_shape(value, typed_dict):
+    hints = typing.get_type_hints(typed_dict)
+    assert set(value) == set(hints), (typed_dict.__name__, set(value) ^ set(hints))
+    for key, hint in hints.items():
+        origin = typing.get_origin(hint)
+        if origin is None and isinstance(hint, type) and hint is not int:  # a TypedDict
+            _assert_shape(value[key], hint)
+        elif origin is dict:
+            _, item = typing.get_args(hint)
+            assert isinstance(value[key], dict), key
+            for inner in value[key].values():
+                if item is int:
+                    assert type(inner) is int, key
+                else:
+                    _assert_shape(inner, item)
+        else:
+            assert type(value[key]) is int, key
+
+
+def test_stats_have_the_shape_that_the_stub_declares():
+    fastpjit.reset_stats()
+    fastpjit.jit(lambda x: x + 1)(jnp.ones(4))
+    fastpjit._core.count_fallback("test reason")
+    stats = fastpjit.stats()
+    assert stats["functions"] and stats["fallbacks"]
+    _assert_shape(stats, Stats)
+    assert typing.get_type_hints(Stats)["functions"] == dict[str, FunctionStats]
+    assert typing.get_type_hints(Stats)["host_pool"] is HostPoolStats
+    fastpjit.reset_stats()
 
 
 def test_stub_matches_the_native_module():

@@ -905,7 +905,7 @@ def _at_offset(shape, dtype, offset):
 @pytest.mark.parametrize("target", [
     NamedSharding(MESH_2x4, P("x")), NamedSharding(MESH_2x4, P("y")),
     NamedSharding(MESH_2x4, P("x", "y")), NamedSharding(MESH_2x4, P()),
-    fastpjit._jax.gspmd_sharding(DEVICES, "{maximal device=5}"), SingleDeviceSharding(DEVICES[2]),
+    fastpjit.parse_hlo_sharding("{maximal device=5}", DEVICES), SingleDeviceSharding(DEVICES[2]),
 ], ids=str)
 def test_small_puts_that_jaxlib_copies_match_jax(target, layout):
     # On the CPU, fastpjit tells jaxlib to copy the slices that it cannot adopt, except where

@@ -37,7 +37,7 @@ from fastpjit.warm_start import save_signatures, warm_up
 
 # In a process that `python -m fastpjit.launch` started: report an uncaught exception to the
 # launcher at once, and die with the launcher. (Importing fastpjit also registers the launcher's
-# cluster environment with jax.distributed, in fastpjit._jax.)
+# cluster environment with jax.distributed, in fastpjit._jax.cluster_env.)
 _launched.install()
 
 __all__ = [

@@ -10,23 +10,23 @@ import os
 import runpy
 import sys
 import traceback
-from typing import Any
 
 import fastpjit
+from fastpjit._stats import Stats
 
 __all__ = ["main", "summary"]
 
 
-def summary(stats: dict[str, Any] | None = None) -> str:
+def summary(stats: Stats | None = None) -> str:
     """`fastpjit.stats()` (or `stats`) per function, as a table, with each function's
     fallbacks and their reasons below it."""
     stats = fastpjit.stats() if stats is None else stats
     functions = stats["functions"]
     if not functions:
         return "fastpjit: no fastpjit function was called."
-    columns = ("calls", "cache_hits", "cache_misses", "compiles")
     headers = ("function", "calls", "hits", "misses", "compiles", "fallbacks")
-    rows = [(name, *(str(counts[c]) for c in columns), str(sum(counts["fallbacks"].values())))
+    rows = [(name, *map(str, (counts["calls"], counts["cache_hits"], counts["cache_misses"],
+                              counts["compiles"], sum(counts["fallbacks"].values()))))
             for name, counts in sorted(functions.items(), key=lambda f: -f[1]["calls"])]
     widths = [max(len(row[i]) for row in (headers, *rows)) for i in range(len(headers))]
 

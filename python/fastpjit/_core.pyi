@@ -7,6 +7,8 @@ import numpy as np
 import numpy.typing as npt
 from typing_extensions import disjoint_base
 
+from fastpjit._stats import Stats
+
 __all__ = [
     "BoundFunction",
     "CacheMiss",
@@ -38,7 +40,7 @@ __all__ = [
 ]
 __version__: str
 
-def stats() -> dict[str, Any]: ...
+def stats() -> Stats: ...
 def reset_stats() -> None: ...
 def set_host_pool_limit(nbytes: int) -> None: ...
 def count_fallback(reason: str) -> None: ...

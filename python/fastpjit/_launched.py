@@ -1,8 +1,8 @@
 """The contract between `python -m fastpjit.launch` and the processes it starts: the environment
 variables that tell a process where it stands, and what such a process does at `import fastpjit`.
 
-Standard library only: the launcher and `fastpjit._jax` (whose cluster environment reads these
-variables for `jax.distributed.initialize()`) both import it.
+Standard library only: the launcher and `fastpjit._jax.cluster_env` (whose cluster environment
+reads these variables for `jax.distributed.initialize()`) both import it.
 """
 
 from __future__ import annotations

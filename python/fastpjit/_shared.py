@@ -10,7 +10,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any, NamedTuple
 
-from fastpjit import _jax
+from fastpjit._jax import api as _jax
 from fastpjit.warm_start import SignatureLog
 
 __all__ = ["FunctionCaches", "SharedCaches"]

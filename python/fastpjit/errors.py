@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastpjit._jax import DuplicateSpecError, IndivisibleError
+from fastpjit._jax.api import DuplicateSpecError, IndivisibleError
 
 __all__ = ["DuplicateSpecError", "IndivisibleError", "NoPlacementError", "RecompileError",
            "ShardingRankError"]

@@ -16,7 +16,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from fastpjit import _core, _jax
+from fastpjit import _core
+from fastpjit._jax import api, hlo_backend, rust_handles
 from fastpjit.bind import Bindable
 from fastpjit.warm_start import SignatureLog
 
@@ -64,7 +65,7 @@ class HloFunction(Bindable, _core.JitFunction):
 
     def as_text(self) -> str:
         """The partitioned, optimized HLO that runs."""
-        return _jax.hlo_text(self._program.executable)
+        return hlo_backend.hlo_text(self._program.executable)
 
     def cost_analysis(self) -> Any:
         """XLA's cost estimates (flops, bytes accessed, ...) of the compiled module."""
@@ -93,7 +94,7 @@ def compile_hlo(module: str | bytes, devices: Sequence[Any] | None = None, *,
     if not isinstance(module, str | bytes | bytearray | memoryview):
         raise TypeError(f"compile_hlo takes the module as text or bytes, got "
                         f"{type(module).__name__}")
-    parsed = _jax.read_hlo_module(module if isinstance(module, str) else bytes(module))
+    parsed = hlo_backend.read_hlo_module(module if isinstance(module, str) else bytes(module))
     devices = _devices(devices, parsed.num_partitions)
     donated = _donated(donate_argnums, len(parsed.in_avals))
     return _function(_Program(parsed, devices, donated))
@@ -104,8 +105,8 @@ def _function(program: _Program) -> HloFunction:
     cache = _core.DispatchCache(program.name, [], [], kind=_KIND, capacity=_CACHE_CAPACITY,
                                 context=False)
     log = SignatureLog()
-    function = HloFunction(_jax.api_boundary(program.run),
-                           _jax.api_boundary(log.noting(program.miss)), cache)
+    function = HloFunction(api.api_boundary(program.run),
+                           api.api_boundary(log.noting(program.miss)), cache)
     function._program = program
     function._signature_log = log
     return function
@@ -149,17 +150,17 @@ def _donated(donate_argnums: int | Sequence[int], count: int) -> list[bool]:
 class _Program:
     """The compiled module and what its calls need; the dispatcher's `miss` and `fallback`."""
 
-    def __init__(self, parsed: _jax.HloProgram, devices: tuple[Any, ...],
+    def __init__(self, parsed: hlo_backend.HloProgram, devices: tuple[Any, ...],
                  donated: list[bool]):
         self.name = parsed.name
         self.devices = devices
         self.in_avals, out_avals = parsed.in_avals, parsed.out_avals
-        self.executable = _jax.compile_hlo_program(parsed, devices, donated)
+        self.executable = hlo_backend.compile_hlo_program(parsed, devices, donated)
         self.donated = donated
-        ins, outs = _jax.hlo_shardings(self.executable, devices, len(self.in_avals),
+        ins, outs = hlo_backend.hlo_shardings(self.executable, devices, len(self.in_avals),
                                        len(out_avals))
         self.in_shardings, self.out_shardings = tuple(ins), tuple(outs)
-        self.out_avals, self.handlers = _jax.result_handlers(out_avals, self.out_shardings)
+        self.out_avals, self.handlers = hlo_backend.result_handlers(out_avals, self.out_shardings)
         count = len(out_avals)
         self.out_treedef: Any = jax.tree.structure(
             tuple(range(count)) if parsed.tuple_result else 0)
@@ -169,7 +170,7 @@ class _Program:
         inputs, shardings = self._inputs(args, kwargs)
         self._check_donations(inputs)
         outputs = self.out_treedef.unflatten(
-            _jax.execute(self.executable, inputs, self.handlers))
+            hlo_backend.execute(self.executable, inputs, self.handlers))
         fast_path = _core.FastPath(
             executable=self.executable, out_treedef=self.out_treedef,
             out_handlers=self.handlers, in_shardings=shardings, kept=[True] * len(shardings),
@@ -188,7 +189,7 @@ class _Program:
             return
         first_use: dict[Any, int] = {}
         for i, x in enumerate(inputs):
-            j = first_use.setdefault(_jax.buffer_id(x), i)
+            j = first_use.setdefault(hlo_backend.buffer_id(x), i)
             if j == i:
                 continue
             if self.donated[j]:
@@ -236,7 +237,7 @@ class _Program:
         if own is sharding or own.is_equivalent_to(sharding, len(shape)):
             return arg, own
         _core.count_fallback(f"{_KIND}: an argument moved to the executable's sharding by JAX")
-        return _jax.shard_arg(arg, sharding), sharding
+        return rust_handles.shard_arg(arg, sharding), sharding
 
     def _where(self, i: int) -> str:
         return f"{self.name}: parameter {i}"
@@ -253,14 +254,14 @@ def _shape_and_dtype(arg: Any, where: str) -> tuple[tuple[int, ...], Any]:
         return tuple(arg.shape), _canonical(arg.dtype, where)
     for kind in _PYTHON_SCALARS:
         if isinstance(arg, kind):
-            return (), _jax.python_scalar_dtype(kind)
+            return (), rust_handles.python_scalar_dtype(kind)
     raise TypeError(f"{where} takes a jax.Array, numpy array or scalar, got "
                     f"{type(arg).__name__}")
 
 
 @functools.cache
 def _canonical_cached(dtype: np.dtype) -> np.dtype:
-    return _jax.canonical_dtype(dtype)
+    return rust_handles.canonical_dtype(dtype)
 
 
 def _canonical(dtype: np.dtype, where: str) -> np.dtype:

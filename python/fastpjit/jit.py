@@ -1,9 +1,9 @@
 """fastpjit.jit and fastpjit.pjit: jax.jit with the dispatch of every cached call in Rust.
 
 A call goes straight into `fastpjit._core.JitFunction`, which keys it, finds the executable
-and runs it. On a miss, JAX traces and lowers exactly as jax.jit does, and fastpjit compiles
-(`_jax._compile_lowering`); calls that JAX must run or compile itself (tracers, effects) go to
-jax.jit and are counted in fastpjit.stats().
+and runs it. On a miss (`fastpjit._jax.jit_miss`), JAX traces and lowers exactly as jax.jit
+does, and fastpjit compiles (`fastpjit._jax.xla_compile`); calls that JAX must run or compile
+itself (tracers, effects) go to jax.jit and are counted in fastpjit.stats().
 Ahead-of-time compiled functions (`f.lower(...).compile()`) dispatch the same way.
 """
 
@@ -17,7 +17,9 @@ from typing import Any
 
 import jax
 
-from fastpjit import _core, _jax
+from fastpjit import _core
+from fastpjit._jax import api as _jax
+from fastpjit._jax.jit_miss import aot_cache_miss, compile_lowered, jit_cache_miss
 from fastpjit._shared import FunctionCaches, SharedCaches
 from fastpjit.bind import Bindable
 from fastpjit.explain import check_recompile
@@ -166,7 +168,7 @@ class Lowered:
         """Compiles as JAX's `Lowered.compile` does; with no compiler options or device
         assignment given, fastpjit compiles, as for a call."""
         if not args and not kwargs:
-            _jax.compile_lowered(self._lowered)
+            compile_lowered(self._lowered)
         return Compiled.of(self._lowered.compile(*args, **kwargs))
 
     def __getattr__(self, name: str) -> Any:
@@ -198,7 +200,7 @@ class Compiled(Bindable, _core.JitFunction):
     @classmethod
     def of(cls, compiled: Any) -> Compiled:
         log = SignatureLog()
-        miss = _jax.api_boundary(log.noting(functools.partial(_jax.aot_cache_miss, compiled)))
+        miss = _jax.api_boundary(log.noting(functools.partial(aot_cache_miss, compiled)))
         cache = _core.DispatchCache(_jax.function_name(compiled), [], [], kind="compiled")
         wrapped = cls(compiled, miss, cache)
         wrapped._compiled = compiled
@@ -274,7 +276,7 @@ class _JaxFunction:
     @_jax.api_boundary
     def miss(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         check_recompile(self._name(), self.signatures, args, kwargs)
-        outcome = _jax.jit_cache_miss(self.active(), args, kwargs)
+        outcome = jit_cache_miss(self.active(), args, kwargs)
         self.signatures.note(args, kwargs)
         return outcome
 

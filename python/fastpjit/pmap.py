@@ -12,7 +12,9 @@ import operator
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from fastpjit import _core, _jax
+from fastpjit import _core
+from fastpjit._jax import api as _jax
+from fastpjit._jax.jit_miss import pmap_cache_miss
 from fastpjit._shared import FunctionCaches, SharedCaches
 from fastpjit.explain import check_recompile
 from fastpjit.jit import Wrapped
@@ -95,7 +97,7 @@ def pmap(
     caches = _shared_caches.get(fun, options, new_caches)
     def guarded_miss(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         check_recompile(_jax.function_name(fun), caches.signatures, args, kwargs)
-        return _jax.pmap_cache_miss(pmapped, args, kwargs)
+        return pmap_cache_miss(pmapped, args, kwargs)
 
     miss = caches.signatures.noting(guarded_miss)
     wrapped = PmapWrapped(pmapped, _jax.api_boundary(miss), caches.dispatch)

@@ -13,7 +13,6 @@ from typing import Any
 
 from jax.errors import JaxRuntimeError
 
-from fastpjit import _jax
 from fastpjit._core import (
     addressable_devices_indices_map,
     canonical_hlo_sharding,
@@ -23,6 +22,7 @@ from fastpjit._core import (
     indices_array,
     shard_shape,
 )
+from fastpjit._jax.xla_compile import GSPMDSharding, gspmd_sharding
 
 __all__ = [
     "addressable_devices_indices_map",
@@ -35,7 +35,7 @@ __all__ = [
 ]
 
 
-def parse_hlo_sharding(text: str, devices: Sequence[Any]) -> _jax.GSPMDSharding:
+def parse_hlo_sharding(text: str, devices: Sequence[Any]) -> GSPMDSharding:
     """The sharding that HLO text such as `{devices=[4,2]<=[8]}` describes over `devices`.
 
     The text is read by fastpjit's own parser, with XLA's grammar, which names the column where
@@ -45,7 +45,7 @@ def parse_hlo_sharding(text: str, devices: Sequence[Any]) -> _jax.GSPMDSharding:
     devices = tuple(devices)
     canonical = canonical_hlo_sharding(text, len(devices))
     try:
-        return _jax.gspmd_sharding(devices, canonical)
+        return gspmd_sharding(devices, canonical)
     except JaxRuntimeError as e:
         # A guard: the parser reads XLA's grammar, and the fuzz tests find no text that it reads
         # and XLA refuses; should XLA refuse one, its verdict is reported the same way.

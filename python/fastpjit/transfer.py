@@ -14,7 +14,8 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, Sharding, SingleDeviceSharding
 
-from fastpjit import _core, _jax
+from fastpjit import _core
+from fastpjit._jax import api as _jax
 
 __all__ = ["device_get", "device_put", "make_array_from_process_local_data"]
 

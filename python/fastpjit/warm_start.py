@@ -25,6 +25,9 @@ from typing import Any
 import jax
 import numpy as np
 
+from fastpjit._jax import api
+from fastpjit._jax.xla_compile import thread_compile_events
+
 __all__ = ["SignatureLog", "WarmUpReport", "load_record", "save_signatures", "warm_up"]
 
 SCHEMA = "fastpjit.signatures"
@@ -554,10 +557,9 @@ class _Rebuilder:
         zeros = np.zeros(leaf["shape"], dtype)
         if kind == "numpy":
             return zeros
-        from fastpjit import _jax
         try:
             sharding = self.sharding(leaf["sharding"])
-            array = _jax.weak_typed(zeros) if leaf["weak_type"] else zeros
+            array = api.weak_typed(zeros) if leaf["weak_type"] else zeros
             if not leaf["committed"]:
                 return jax.device_put(array)
             return jax.device_put(array, sharding)
@@ -662,7 +664,6 @@ def warm_up(path: str | os.PathLike[str], functions: Mapping[str, Any], *,
         began = time.perf_counter()
         if mismatch is not None:
             return WarmUpEntry(name, i, "skipped", 0.0, mismatch)
-        from fastpjit import _jax
         config = signature["config"]
         try:
             with contextlib.ExitStack() as scope:
@@ -670,9 +671,9 @@ def warm_up(path: str | os.PathLike[str], functions: Mapping[str, Any], *,
                 if config["mesh"] is not None:
                     scope.enter_context(jax.set_mesh(rebuilder.mesh(config["mesh"])))
                 args, kwargs = rebuilder.call(signature)
-                compiles, loaded = _jax.thread_compile_events()
+                compiles, loaded = thread_compile_events()
                 jax.block_until_ready(_unbound(functions[name])(*args, **kwargs))
-                compiles_after, loaded_after = _jax.thread_compile_events()
+                compiles_after, loaded_after = thread_compile_events()
         except Skipped as why:
             return WarmUpEntry(name, i, "skipped", time.perf_counter() - began, str(why))
         if loaded_after > loaded:

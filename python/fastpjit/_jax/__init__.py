@@ -1,0 +1,97 @@
+"""fastpjit's JAX boundary: the only package that names JAX's or jaxlib's private APIs.
+
+A JAX upgrade that moves any of these names should need changes here and nowhere else; the
+assumptions it relies on are listed, as data, in tests/test_jax_boundary.py. One module per
+consumer:
+
+- `rust_handles`: what the native module `fastpjit._core` reads by name from `fastpjit._jax`
+  (re-exported here, where Rust looks them up);
+- `api`: what fastpjit's public modules (jit, pmap, transfer, errors) take from JAX;
+- `jit_miss`: the cache misses of jit, AOT-compiled and pmap functions;
+- `xla_compile`: fastpjit's compiles through jaxlib's PjRt client, shared by the misses and
+  compile_hlo;
+- `hlo_backend`: compile_hlo's reading, compiling and running of other frontends' modules;
+- `cluster_env`: the cluster environment of `python -m fastpjit.launch`'s processes.
+"""
+
+from __future__ import annotations
+
+# Registers the launcher's cluster environment with jax.distributed.
+from fastpjit._jax import cluster_env as _cluster_env  # noqa: F401
+from fastpjit._jax.rust_handles import (
+    ARRAY_HOST_VALUE,
+    ARRAY_TO_HOST,
+    DISABLE_JIT_INDEX,
+    HOST_BUFFER_COPY,
+    HOST_BUFFER_ZERO_COPY,
+    TRANSFER_GUARD_ALLOW,
+    ArrayImpl,
+    array_aval,
+    array_committed,
+    array_input,
+    array_is_deleted,
+    array_rewrap,
+    array_sharding,
+    array_single_device_arrays,
+    array_was_donated,
+    batched_copy,
+    batched_device_put,
+    canonical_dtype,
+    collect_garbage,
+    config_value,
+    consume_with_handlers,
+    copy_to_host_async,
+    dataclass_fields,
+    device_put_aval,
+    flatten_one_level_for_dispatch,
+    hlo_parts,
+    jit_key_states,
+    logical_device_ids,
+    placement_sharding,
+    post_hook_state,
+    python_scalar_dtype,
+    shard_arg,
+    trace_context,
+    transfer_guard_global_state,
+    transfer_guard_thread_state,
+)
+
+# The names that the native module reads (rust/bindings/src: jax.rs, dispatch/handles.rs,
+# transfer.rs, sharding.rs).
+__all__ = [
+    "ARRAY_HOST_VALUE",
+    "ARRAY_TO_HOST",
+    "DISABLE_JIT_INDEX",
+    "HOST_BUFFER_COPY",
+    "HOST_BUFFER_ZERO_COPY",
+    "TRANSFER_GUARD_ALLOW",
+    "ArrayImpl",
+    "array_aval",
+    "array_committed",
+    "array_input",
+    "array_is_deleted",
+    "array_rewrap",
+    "array_sharding",
+    "array_single_device_arrays",
+    "array_was_donated",
+    "batched_copy",
+    "batched_device_put",
+    "canonical_dtype",
+    "collect_garbage",
+    "config_value",
+    "consume_with_handlers",
+    "copy_to_host_async",
+    "dataclass_fields",
+    "device_put_aval",
+    "flatten_one_level_for_dispatch",
+    "hlo_parts",
+    "jit_key_states",
+    "logical_device_ids",
+    "placement_sharding",
+    "post_hook_state",
+    "python_scalar_dtype",
+    "shard_arg",
+    "trace_context",
+    "transfer_guard_global_state",
+    "transfer_guard_thread_state",
+]
