@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.metadata
 import json
 import math
 import os
@@ -227,13 +228,7 @@ class SignatureLog:
 def _versions() -> dict[str, str]:
     from fastpjit import __version__
     return {"fastpjit": __version__, "jax": jax.__version__,
-            "jaxlib": jax.lib.__version__ if hasattr(jax.lib, "__version__") else
-            _jaxlib_version()}
-
-
-def _jaxlib_version() -> str:
-    import jaxlib
-    return str(jaxlib.__version__)
+            "jaxlib": importlib.metadata.version("jaxlib")}
 
 
 def _log_of(fn: Any) -> SignatureLog:
