@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import jax
 import numpy as np
-from harness import Call, Case, Plot, Sides, loglog_slope
 from jax.sharding import AbstractMesh, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import fastpjit
 from fastpjit import _jax
+from fastpjit.bench.harness import Call, Case, Plot, Sides, loglog_slope
 
 SHAPE = (8192, 8192)
 MESHES = {8: (2, 4), 64: (8, 8), 512: (16, 32), 4096: (64, 64), 32768: (128, 256)}

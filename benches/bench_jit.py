@@ -25,12 +25,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-from harness import Case, CheckFailed, Sides
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import fastpjit
 from fastpjit import _jax
+from fastpjit.bench.harness import Case, CheckFailed, Sides
 
 SHAPE = (8, 4)
 TREE_SIZES = (10, 100, 1000)

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import jax
 import numpy as np
-from floors import pmap_floor, runner
-from harness import Case, Sides
 
 import fastpjit
 from fastpjit import _jax
+from fastpjit.bench.floors import pmap_floor, runner
+from fastpjit.bench.harness import Case, Sides
 
 COLUMNS = ("devices", "args")
 GOAL_OVERHEAD_RATIO = 0.2

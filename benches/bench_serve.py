@@ -19,13 +19,13 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from bench_calls import burst, same_result
-from floors import jit_floor
-from harness import Case, Sides
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import fastpjit
+from fastpjit.bench.calls import burst, same_result
+from fastpjit.bench.floors import jit_floor
+from fastpjit.bench.harness import Case, Sides
 
 COLUMNS = ("leaves", "devices")
 THREAD_CALLS = 1000

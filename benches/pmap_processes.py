@@ -30,7 +30,7 @@ def _measure() -> None:
     from fastpjit import _jax
 
     sys.path.insert(0, str(Path(__file__).parent))
-    from floors import placed_inputs, runner
+    from fastpjit.bench.floors import placed_inputs, runner
 
     jax.distributed.initialize()
     local = jax.local_device_count()

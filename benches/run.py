@@ -46,11 +46,11 @@ from pathlib import Path  # noqa: E402
 from types import ModuleType  # noqa: E402
 from typing import Any  # noqa: E402
 
-import harness  # noqa: E402
 import jax  # noqa: E402
 import numpy  # noqa: E402
 
 import fastpjit  # noqa: E402
+from fastpjit.bench import harness  # noqa: E402
 
 BENCHES = Path(__file__).resolve().parent
 ROOT = BENCHES.parent
