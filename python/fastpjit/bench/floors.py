@@ -13,6 +13,12 @@ from typing import Any
 import jax
 
 from fastpjit import _jax
+from fastpjit.bench.harness import Call
+
+
+class NoFloor(AssertionError):
+    """JAX runs the call another way than one executable on its inputs (effects, callbacks),
+    so it has no floor to time."""
 
 
 def placed_inputs(fast_path: Any, flat_args: list[Any]) -> list[Any]:
@@ -58,19 +64,38 @@ def waiting(call: Callable[[], Any]) -> Callable[[], Any]:
     return lambda: jax.block_until_ready(call())
 
 
+def waiting_call(call: Call) -> Call:
+    """`call`, returning when its result is ready (its setup as it is)."""
+    fn = call.fn
+    return Call(lambda: jax.block_until_ready(fn()), call.setup)
+
+
 def jit_floor(jitted: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-              statics: tuple[int, ...] = ()) -> Callable[[], Any]:
+              statics: tuple[int, ...] = ()) -> Floor:
     """The floor of `jitted(*args, **kwargs)` (a jax.jit function), inputs placed once."""
-    miss = _jax.jit_cache_miss(jitted, args, kwargs)
+    miss = _jax.jit_cache_miss(jitted, *_copies(args, kwargs))
     return _floor(miss, _dynamic_leaves(args, kwargs, statics, jitted))
 
 
 def pmap_floor(pmapped: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-               statics: tuple[int, ...] = ()) -> Callable[[], Any]:
+               statics: tuple[int, ...] = ()) -> Floor:
     """The floor of `pmapped(*args, **kwargs)` (a jax.pmap function), inputs placed once."""
-    miss = _jax.pmap_cache_miss(pmapped, args, kwargs)
+    miss = _jax.pmap_cache_miss(pmapped, *_copies(args, kwargs))
     dynamic = tuple(a for i, a in enumerate(args) if i not in statics)
     return _floor(miss, jax.tree.leaves((dynamic, kwargs)))
+
+
+def aot_floor(compiled: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Floor:
+    """The floor of `compiled(*args, **kwargs)` (a jax.stages.Compiled), inputs placed once."""
+    miss = _jax.aot_cache_miss(compiled, *_copies(args, kwargs))
+    return _floor(miss, jax.tree.leaves((args, kwargs)))
+
+
+def _copies(args: tuple[Any, ...], kwargs: dict[str, Any]
+            ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Copies of the arrays among the arguments, for the one call that finds the executable:
+    a function that donates them consumes the copies, not the caller's."""
+    return jax.tree.map(fresh_copy, (args, kwargs))
 
 
 def _dynamic_leaves(args: tuple[Any, ...], kwargs: dict[str, Any], statics: tuple[int, ...],
@@ -82,11 +107,46 @@ def _dynamic_leaves(args: tuple[Any, ...], kwargs: dict[str, Any], statics: tupl
     return jax.tree.leaves((dynamic, dynamic_kwargs))
 
 
-def _floor(miss: Any, flat_args: list[Any]) -> Callable[[], Any]:
+class Floor:
+    """The floor of one call: its executable, run raw on its inputs placed once."""
+
+    def __init__(self, fast_path: Any, inputs: list[Any]):
+        self.fast_path = fast_path
+        self.inputs = inputs
+        self._run = runner(fast_path)
+
+    def __call__(self) -> Any:
+        return self._run(self.inputs)
+
+    def renewing(self) -> Call:
+        """This floor as a `Call` whose donated inputs are copied, untimed, before each call,
+        as a donating caller passes new ones; the inputs placed once stay whole."""
+        fast_path = self.fast_path
+        num_consts = len(fast_path.const_args)
+        kept_consts = sum(fast_path.kept[:num_consts])
+        donated = [False] * kept_consts + [
+            d for d, kept in zip(fast_path.donated, fast_path.kept[num_consts:], strict=True)
+            if kept]
+        inputs = list(self.inputs)
+
+        def renew() -> None:
+            inputs[:] = [fresh_copy(x) if d else x for x, d in zip(self.inputs, donated,
+                                                                   strict=True)]
+
+        return Call(lambda: self._run(inputs), renew)
+
+
+def fresh_copy(leaf: Any) -> Any:
+    """A copy of an array on the same devices, sharding and commitment (other leaves as they
+    are): what a donated argument is replaced with before each call."""
+    if not isinstance(leaf, jax.Array):
+        return leaf
+    if leaf.committed:
+        return jax.device_put(leaf, leaf.sharding, may_alias=False)
+    return leaf.copy()
+
+
+def _floor(miss: Any, flat_args: list[Any]) -> Floor:
     if miss.fast_path is None:
-        raise AssertionError(f"the call has no fast path: {miss.jax_reason}")
-    inputs = placed_inputs(miss.fast_path, flat_args)
-    run = runner(miss.fast_path)
-    floor = lambda: run(inputs)  # noqa: E731
-    floor.fast_path = miss.fast_path  # type: ignore[attr-defined]
-    return floor
+        raise NoFloor(f"the call has no fast path, so no floor: {miss.jax_reason}")
+    return Floor(miss.fast_path, placed_inputs(miss.fast_path, flat_args))
