@@ -32,7 +32,7 @@ T = TypeVar("T")
 def _progress(items: list[T]) -> Iterable[T]:
     """A tqdm bar over `items` where tqdm is installed, a line per item otherwise."""
     try:
-        from tqdm import tqdm
+        from tqdm import tqdm  # type: ignore[import-untyped]
     except ImportError:
         return _lines(items)
     return tqdm(items, file=sys.stderr, unit="case", dynamic_ncols=True)
@@ -88,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     if rows:
         try:
             harness.bar_plot(rows, out / "bench.png",
-                             f"fastpjit, JAX and the floor: {harness.describe(env)}")
+                             f"fastpjit, JAX and the floor on {env['device_count']} × "
+                             f"{env['device_kind']}, fastpjit {env['fastpjit']}")
             written.append(out / "bench.png")
         except ImportError as err:
             print(f"no plot: {err}", file=sys.stderr)

@@ -235,7 +235,7 @@ def _waiting(f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any
     block = jax.block_until_ready
     if renew is None:
         return harness.Call(lambda: block(f(*args, **kwargs)))
-    current = [args, kwargs]
+    current: list[Any] = [args, kwargs]
 
     def setup() -> None:
         current[:] = renew()

@@ -31,7 +31,8 @@ import dataclasses
 import itertools
 import threading
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any, NamedTuple
 
 import jax
@@ -71,6 +72,8 @@ def _same_leaf(ours: Any, theirs: Any) -> None:
 
 def same_result(ours: Any, theirs: Any) -> bool:
     """Raises AssertionError unless the two results agree leaf by leaf."""
+    ours_tree: Any
+    theirs_tree: Any
     ours_leaves, ours_tree = jax.tree.flatten(ours)
     theirs_leaves, theirs_tree = jax.tree.flatten(theirs)
     assert ours_tree == theirs_tree, f"tree {ours_tree} != {theirs_tree}"
@@ -85,7 +88,7 @@ def fresh(fun: Callable[..., Any]) -> Callable[..., Any]:
                               fun.__closure__)
 
 
-def _cycle(functions: list[Callable[[], Any]]) -> Callable[[], Any]:
+def _cycle(functions: Sequence[Callable[[], Any]]) -> Callable[[], Any]:
     if len(functions) == 1:
         return functions[0]
     nexts = itertools.cycle(functions).__next__
@@ -93,7 +96,7 @@ def _cycle(functions: list[Callable[[], Any]]) -> Callable[[], Any]:
 
 
 def _calls(f: Any, calls: list[tuple[tuple[Any, ...], dict[str, Any]]]) -> Callable[[], Any]:
-    return _cycle([lambda a=a, k=k: f(*a, **k) for a, k in calls])
+    return _cycle([partial(f, *a, **k) for a, k in calls])
 
 
 # Calls with new numpy arrays that fastpjit hands to jax.jit's C++ dispatch, which places them
@@ -300,6 +303,8 @@ def _pmap_patterns() -> dict[str, Callable[[int], tuple[Any, Calls, dict[str, An
 
 def _donation_loop(kind: str, d: int) -> Sides:
     """`state = f(state, x)` with the state donated, on every side."""
+    wrap: Any
+    oracle: Any
     if kind == "jit":
         wrap, oracle, make = fastpjit.jit, jax.jit, lambda: _array(d)
         options: dict[str, Any] = {"donate_argnums": 0}
@@ -404,7 +409,7 @@ def _training_batches(kind: str, d: int, rows: int, features: int) -> Sides:
     run = runner(miss.fast_path)
     placed = [placed_inputs(miss.fast_path, [*jax.tree.leaves(params), x, y])
               for x, y in batches]
-    calls = [((params, x, y), {}) for x, y in batches]
+    calls: Calls = [((params, x, y), {}) for x, y in batches]
     _check_hit(ours, calls)
     floors = [lambda p=p: run(p) for p in placed]
     sides = [_calls(ours, calls), _calls(theirs, calls), _cycle(floors)]
@@ -426,7 +431,7 @@ def _rewrapped(d: int) -> Sides:
 
 def _chained_pmaps(d: int) -> Sides:
     """`g(f(x))`: a pmap of a previous pmap's output, on every call."""
-    options = {"devices": jax.devices()[:d]}
+    options: dict[str, Any] = {"devices": jax.devices()[:d]}
     x = np.arange(d * 4, dtype=np.float32).reshape(d, 4)
 
     def second(v):
@@ -493,19 +498,19 @@ def cases(widths: tuple[int, ...], process_devices: int | None = None) -> list[C
     rows = []
     for d in widths:
         for name in _jit_patterns():
-            rows.append(case(name, lambda d=d, n=name: _pattern_row("jit", n, d), "jit", d))
-        rows.append(case("state = f(state, x), donated", lambda d=d: _donation_loop("jit", d),
+            rows.append(case(name, partial(_pattern_row, "jit", name, d), "jit", d))
+        rows.append(case("state = f(state, x), donated", partial(_donation_loop, "jit", d),
                          "jit", d))
-        rows.append(case("AOT compiled f(x)", lambda d=d: _aot(d), "jit", d))
-        rows.append(case("f(new array) on every call", lambda d=d: _new_arrays(d), "jit", d))
+        rows.append(case("AOT compiled f(x)", partial(_aot, d), "jit", d))
+        rows.append(case("f(new array) on every call", partial(_new_arrays, d), "jit", d))
         rows.append(case("f(x, new numpy array) on every call",
-                         lambda d=d: _new_host_arrays(d), "jit", d))
+                         partial(_new_host_arrays, d), "jit", d))
         rows.append(case("jit(f)(x): a new jit function on every call",
-                         lambda d=d: _rewrapped(d), "jit", d))
+                         partial(_rewrapped, d), "jit", d))
         for n_rows, features, size in ((32, 16, "small"), (1024, 256, "mid-sized")):
             rows.append(case(
                 f"training step, a new {size} numpy batch ({n_rows}×{features}) every step",
-                lambda d=d, r=n_rows, f=features: _training_batches("jit", d, r, f), "jit", d))
+                partial(_training_batches, "jit", d, n_rows, features), "jit", d))
     if max(widths) > 1:
         # An uncommitted array on device 0, and in_shardings on device 1: JAX's dispatch copies
         # it there in C++ on every call; fastpjit copies it with jaxlib, and uses the copy again
@@ -521,19 +526,19 @@ def cases(widths: tuple[int, ...], process_devices: int | None = None) -> list[C
                          "jit", 1))
     for d in widths:
         for name in _pmap_patterns():
-            rows.append(case(name, lambda d=d, n=name: _pattern_row("pmap", n, d), "pmap", d))
+            rows.append(case(name, partial(_pattern_row, "pmap", name, d), "pmap", d))
         rows.append(case("state = f(state, x), donated",
-                         lambda d=d: _donation_loop("pmap", d), "pmap", d))
+                         partial(_donation_loop, "pmap", d), "pmap", d))
         rows.append(case("g(f(x)): a pmap of a previous pmap's output",
-                         lambda d=d: _chained_pmaps(d), "pmap", d))
+                         partial(_chained_pmaps, d), "pmap", d))
         for n_rows, features, size in ((32, 16, "small"), (1024, 256, "mid-sized")):
             rows.append(case(
                 f"training step, a new {size} numpy batch ({n_rows}×{features}) every step",
-                lambda d=d, r=n_rows, f=features: _training_batches("pmap", d, r, f), "pmap", d))
+                partial(_training_batches, "pmap", d, n_rows, features), "pmap", d))
     for n in (1, 2, 8):
         rows.append(case(f"f(x) on {n} thread{'s' if n > 1 else ''}",
-                         lambda n=n: _threads(n, 1), "threads", 1))
+                         partial(_threads, n, 1), "threads", 1))
     for n in (2, 8):
         rows.append(case(f"f(x) on {n} threads, {LONG_THREAD_CALLS} calls each",
-                         lambda n=n: _threads(n, 1, LONG_THREAD_CALLS), "threads", 1))
+                         partial(_threads, n, 1, LONG_THREAD_CALLS), "threads", 1))
     return rows

@@ -411,7 +411,7 @@ def bar_plot(rows: Sequence[dict[str, Any]], path: str | Path, title: str) -> No
     plt = _pyplot()
     sides = [side for side in SIDES if any(side in row["stats"] for row in rows)]
     height = 0.8 / len(sides)
-    fig, ax = plt.subplots(figsize=(9, 1.2 + 0.45 * len(rows) * len(sides)))
+    fig, ax = plt.subplots(figsize=(9, 1.2 + 0.3 * len(rows) * len(sides)))
     for k, side in enumerate(sides):
         shown = [(i, row["stats"][side]) for i, row in enumerate(rows) if side in row["stats"]]
         ax.barh([i + k * height for i, _ in shown], [stat["median"] for _, stat in shown],

@@ -3,6 +3,7 @@ pmap, AOT calls), bound calls and transfers, on one device and on all of this pr
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import jax
@@ -42,11 +43,11 @@ def cases(quick: bool = False) -> list[Case]:
     for d in widths:
         for leaves in (100, 1000):
             rows.append(Case(f"bound, {d} dev: g(x), g = jit(step).bind({leaves} parameters)",
-                             build=lambda d=d, n=leaves: _bound(n, d),
+                             build=partial(_bound, leaves, d),
                              meta={"kind": "bound", "devices": d}))
     for nbytes in (SMALL_BYTES, LARGE_BYTES):
         rows.append(Case(f"device_put, {count} dev: {nbytes:,} B numpy array, P('x')",
-                         build=lambda n=nbytes: _device_put(n, count),
+                         build=partial(_device_put, nbytes, count),
                          meta={"kind": "transfer", "devices": count, "bytes": nbytes}))
     if quick:
         rows = [case for case in rows if case.name.endswith(QUICK_ROWS)]
