@@ -481,6 +481,16 @@ def burst(f: Callable[[], Any], n: int, calls: int) -> Callable[[], Any]:
     return run
 
 
+def _on_device_1(new: bool) -> Sides:
+    """f(x) with in_shardings on device 1, x uncommitted on device 0 (new on every call, or
+    the same)."""
+    on_device_1 = {"in_shardings": jax.sharding.SingleDeviceSharding(jax.devices()[1])}
+    if new:
+        return _new_batches(plus_one, [((_array(0, offset=i),), {}) for i in range(64)],
+                            **on_device_1)
+    return _sides("jit", plus_one, [((_array(0),), {})], **on_device_1)
+
+
 def _pattern_row(kind: str, name: str, d: int) -> Sides:
     patterns = _jit_patterns() if kind == "jit" else _pmap_patterns()
     fun, calls, options = patterns[name](d)
@@ -516,14 +526,10 @@ def cases(widths: tuple[int, ...], process_devices: int | None = None) -> list[C
         # it there in C++ on every call; fastpjit copies it with jaxlib, and uses the copy again
         # when the same array comes again. (Onto 8 devices, JAX's Python moves it, on either
         # side, and fastpjit counts a fallback.)
-        on_device_1 = {"in_shardings": jax.sharding.SingleDeviceSharding(jax.devices()[1])}
         rows.append(case("f(x) with in_shardings, x uncommitted on another device",
-                         lambda: _sides("jit", plus_one, [((_array(0),), {})], **on_device_1),
-                         "jit", 1))
+                         partial(_on_device_1, new=False), "jit", 1))
         rows.append(case("f(x) with in_shardings, a new x uncommitted on another device",
-                         lambda: _new_batches(plus_one, [((_array(0, offset=i),), {})
-                                                         for i in range(64)], **on_device_1),
-                         "jit", 1))
+                         partial(_on_device_1, new=True), "jit", 1))
     for d in widths:
         for name in _pmap_patterns():
             rows.append(case(name, partial(_pattern_row, "pmap", name, d), "pmap", d))
