@@ -16,7 +16,6 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 ROUNDS = 15
 CALLS = 200
@@ -28,8 +27,6 @@ def _measure() -> None:
 
     import fastpjit
     from fastpjit import _jax
-
-    sys.path.insert(0, str(Path(__file__).parent))
     from fastpjit.bench.floors import placed_inputs, runner
 
     jax.distributed.initialize()
