@@ -23,9 +23,9 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import fastpjit
-from fastpjit.bench.calls import burst, same_result
+from fastpjit.bench.calls import burst
 from fastpjit.bench.floors import jit_floor
-from fastpjit.bench.harness import Case, Sides
+from fastpjit.bench.harness import Case, Sides, same_result
 
 COLUMNS = ("leaves", "devices")
 THREAD_CALLS = 1000

@@ -19,8 +19,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import fastpjit  # noqa: E402
 from fastpjit.bench import Settings, harness, measure_call  # noqa: E402
-from fastpjit.bench.calls import same_result  # noqa: E402
-from fastpjit.bench.harness import Sides  # noqa: E402
+from fastpjit.bench.harness import Sides, same_result  # noqa: E402
 
 
 def show_index(index):

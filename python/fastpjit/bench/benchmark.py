@@ -85,13 +85,10 @@ class Benchmark:
         body = [(harness.LABELS[key], harness.fmt_us(stat["median"]), f"{stat['spread']:.0%}",
                  *(harness.fmt_us(stat.get(p)) for p in ("p50", "p90", "p99")))
                 for key, stat in self.row["stats"].items()]
-        widths = [max(len(line[i]) for line in (head, *body)) for i in range(len(head))]
         rounds = len(self.row["stats"]["ours"]["per_round"])
         lines = [f"fastpjit.benchmark: {self.name}, {rounds} interleaved rounds, results "
                  "checked equal, each call's results waited for",
-                 *("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
-                             for i, (cell, w) in enumerate(zip(line, widths, strict=True)))
-                   for line in (head, *body))]
+                 *harness.aligned([head, *body])]
         ratio = self.overhead_ratio
         lines.append(f"speedup {harness.fmt_ratio(self.speedup)} (JAX / fastpjit); overhead "
                      f"ratio {'–' if ratio is None else f'{ratio:.2f}'} "
@@ -215,8 +212,6 @@ def call_sides(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> harnes
     """The `harness.Sides` of `fn(*args, **kwargs)`: fastpjit's, JAX's and the floor, each
     waiting for its results; the floor checked against JAX's result here, fastpjit's by
     `harness.measure`."""
-    from fastpjit.bench.calls import same_result
-
     target = _target(fn)
     renew = _renewal(args, kwargs, *target.donated)
     floor = target.floor(*(renew() if renew else (args, kwargs)))
@@ -224,10 +219,10 @@ def call_sides(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> harnes
                                                                    renew),
              floors.waiting_call(floor.renewing() if renew else harness.Call(floor))]
     try:
-        same_result(harness.run_once(sides[2]), harness.run_once(sides[1]))
+        harness.same_result(harness.run_once(sides[2]), harness.run_once(sides[1]))
     except AssertionError as err:
         raise harness.CheckFailed(f"the floor and JAX disagree: {err}") from err
-    return harness.Sides(ours=sides[0], jax=sides[1], floor=sides[2], check=same_result)
+    return harness.Sides(ours=sides[0], jax=sides[1], floor=sides[2], check=harness.same_result)
 
 
 def _waiting(f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],

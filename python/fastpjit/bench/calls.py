@@ -51,35 +51,11 @@ from fastpjit.bench.floors import (
     runner,
     waiting,
 )
-from fastpjit.bench.harness import Case, CheckFailed, Sides
+from fastpjit.bench.harness import Case, CheckFailed, Sides, same_result
 
 SHAPE = (8, 4)
 THREAD_CALLS = 64
 LONG_THREAD_CALLS = 1000
-
-
-def _same_leaf(ours: Any, theirs: Any) -> None:
-    assert type(ours) is type(theirs), f"{type(ours).__name__} != {type(theirs).__name__}"
-    if not isinstance(theirs, jax.Array):
-        assert ours == theirs
-        return
-    assert ours.aval == theirs.aval, f"aval {ours.aval} != {theirs.aval}"
-    assert ours.aval.weak_type == theirs.aval.weak_type, "weak type differs"
-    assert ours.sharding == theirs.sharding, f"sharding {ours.sharding} != {theirs.sharding}"
-    assert ours.committed == theirs.committed, "commitment differs"
-    assert np.array_equal(np.asarray(ours), np.asarray(theirs)), "values differ"
-
-
-def same_result(ours: Any, theirs: Any) -> bool:
-    """Raises AssertionError unless the two results agree leaf by leaf."""
-    ours_tree: Any
-    theirs_tree: Any
-    ours_leaves, ours_tree = jax.tree.flatten(ours)
-    theirs_leaves, theirs_tree = jax.tree.flatten(theirs)
-    assert ours_tree == theirs_tree, f"tree {ours_tree} != {theirs_tree}"
-    for a, b in zip(ours_leaves, theirs_leaves, strict=True):
-        _same_leaf(a, b)
-    return True
 
 
 def fresh(fun: Callable[..., Any]) -> Callable[..., Any]:

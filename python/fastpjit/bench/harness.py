@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy
 
 SIDES = ("ours", "jax", "floor")
@@ -175,6 +176,30 @@ def check_sides(name: str, sides: Sides) -> None:
         raise CheckFailed(f"{name}: fastpjit and JAX disagree: {err}") from err
     if verdict is not None and not bool(numpy.all(verdict)):
         raise CheckFailed(f"{name}: fastpjit and JAX disagree")
+
+
+def _same_leaf(ours: Any, theirs: Any) -> None:
+    assert type(ours) is type(theirs), f"{type(ours).__name__} != {type(theirs).__name__}"
+    if not isinstance(theirs, jax.Array):
+        assert ours == theirs
+        return
+    assert ours.aval == theirs.aval, f"aval {ours.aval} != {theirs.aval}"
+    assert ours.aval.weak_type == theirs.aval.weak_type, "weak type differs"
+    assert ours.sharding == theirs.sharding, f"sharding {ours.sharding} != {theirs.sharding}"
+    assert ours.committed == theirs.committed, "commitment differs"
+    assert numpy.array_equal(numpy.asarray(ours), numpy.asarray(theirs)), "values differ"
+
+
+def same_result(ours: Any, theirs: Any) -> bool:
+    """Raises AssertionError unless the two results agree leaf by leaf."""
+    ours_tree: Any
+    theirs_tree: Any
+    ours_leaves, ours_tree = jax.tree.flatten(ours)
+    theirs_leaves, theirs_tree = jax.tree.flatten(theirs)
+    assert ours_tree == theirs_tree, f"tree {ours_tree} != {theirs_tree}"
+    for a, b in zip(ours_leaves, theirs_leaves, strict=True):
+        _same_leaf(a, b)
+    return True
 
 
 def _equal(ours: Any, theirs: Any) -> bool:
@@ -330,10 +355,7 @@ def text_table(rows: Sequence[dict[str, Any]]) -> str:
                      fmt_us(row["floor_us"]), fmt_ratio(row["speedup"]),
                      "–" if ratio is None else f"{ratio:.2f}",
                      f"{widest:.0%}" + (" !" if row["noisy"] else "")))
-    widths = [max(len(line[i]) for line in (head, *body)) for i in range(len(head))]
-    lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
-                       for i, (cell, w) in enumerate(zip(line, widths, strict=True)))
-             for line in (head, *body)]
+    lines = aligned([head, *body])
     lines.insert(1, "-" * len(lines[0]))
     if any(row["noisy"] for row in rows):
         lines.append(f"! a side's rounds spread over more than {TRUSTED_SPREAD:.0%} of its "
@@ -341,12 +363,18 @@ def text_table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def aligned(table: Sequence[Sequence[str]]) -> list[str]:
+    """The lines of a table for a terminal: its first column left-aligned, the others right."""
+    widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
+    return ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
+                      for i, (cell, w) in enumerate(zip(line, widths, strict=True)))
+            for line in table]
+
+
 def environment() -> dict[str, Any]:
     """What a result was measured on, so that people can share it: the platform, its devices,
     the versions, and the machine's load when measuring began."""
-    import jax
-
-    import fastpjit
+    import fastpjit  # the package imports this module
 
     devices = jax.devices()
     cpu = platform.processor() or platform.machine()

@@ -14,7 +14,7 @@ from jax.sharding import PartitionSpec as P
 
 from fastpjit.bench import calls
 from fastpjit.bench.benchmark import call_sides
-from fastpjit.bench.harness import Call, Case, Settings, Sides
+from fastpjit.bench.harness import Call, Case, Settings, Sides, same_result
 from fastpjit.jit import jit
 from fastpjit.transfer import device_put
 
@@ -77,4 +77,4 @@ def _device_put(nbytes: int, devices: int) -> Sides:
     out = np.zeros_like(x)
     return Sides(ours=lambda: device_put(x, sharding).block_until_ready(),
                  jax=lambda: jax.device_put(x, sharding).block_until_ready(),
-                 floor=Call(lambda: np.copyto(out, x)), check=calls.same_result)
+                 floor=Call(lambda: np.copyto(out, x)), check=same_result)
