@@ -150,3 +150,17 @@ def test_the_bench_command_rejects_a_pattern_that_matches_nothing(tmp_path):
          str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert "no row matches 'no such row'" in done.stderr
+
+
+@pytest.mark.timeout(120)
+def test_a_call_without_a_floor_is_timed_on_two_sides_and_says_why():
+    def with_callback(x):
+        jax.debug.callback(lambda: None)
+        return x + 1
+
+    result = measure_call(with_callback, (jnp.ones(4),), {}, QUICK)
+    report = result.to_dict()
+    assert set(report["sides"]) == {"fastpjit", "JAX"}
+    assert report["overhead_ratio"] is None and report["speedup"] > 0
+    assert "no fast path" in report["no_floor"]
+    assert f"no floor: {report['no_floor']}" in str(result)

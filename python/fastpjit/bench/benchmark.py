@@ -72,6 +72,7 @@ class Benchmark:
             "overhead_ratio": self.overhead_ratio, "trusted": self.trusted,
             "noisy": self.row["noisy"], "rounds": len(self.row["stats"]["ours"]["per_round"]),
             "timing": self.row["timing"], "fallbacks": self.fallbacks,
+            "no_floor": self.row.get("no_floor"),
             "environment": self.environment,
         }
 
@@ -94,6 +95,8 @@ class Benchmark:
                      f"ratio {'–' if ratio is None else f'{ratio:.2f}'} "
                      "= (fastpjit − floor) / (JAX − floor)")
         lines.append(f"on {harness.describe(self.environment)}")
+        if "no_floor" in self.row:
+            lines.append(f"no floor: {self.row['no_floor']}")
         for reason, n in self.fallbacks.items():
             lines.append(f"fastpjit handed {n} calls to JAX: {reason}")
         if not self.trusted:
@@ -214,15 +217,19 @@ def call_sides(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> harnes
     `harness.measure`."""
     target = _target(fn)
     renew = _renewal(args, kwargs, *target.donated)
-    floor = target.floor(*(renew() if renew else (args, kwargs)))
-    sides = [_waiting(target.ours, args, kwargs, renew), _waiting(target.theirs, args, kwargs,
-                                                                   renew),
-             floors.waiting_call(floor.renewing() if renew else harness.Call(floor))]
+    ours = _waiting(target.ours, args, kwargs, renew)
+    theirs = _waiting(target.theirs, args, kwargs, renew)
     try:
-        harness.same_result(harness.run_once(sides[2]), harness.run_once(sides[1]))
+        floor = target.floor(*(renew() if renew else (args, kwargs)))
+    except floors.NoFloor as err:
+        return harness.Sides(ours=ours, jax=theirs, check=harness.same_result,
+                             meta={"no_floor": str(err)})
+    floor_call = floors.waiting_call(floor.renewing() if renew else harness.Call(floor))
+    try:
+        harness.same_result(harness.run_once(floor_call), harness.run_once(theirs))
     except AssertionError as err:
         raise harness.CheckFailed(f"the floor and JAX disagree: {err}") from err
-    return harness.Sides(ours=sides[0], jax=sides[1], floor=sides[2], check=harness.same_result)
+    return harness.Sides(ours=ours, jax=theirs, floor=floor_call, check=harness.same_result)
 
 
 def _waiting(f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
