@@ -1,7 +1,5 @@
 """`python -m fastpjit.bench [--quick] [--only PATTERN] [--out DIR]`: the standard dispatch
-suite on this machine's default devices (8 CPU devices where there is no accelerator): each
-row times fastpjit, JAX and the floor in one interleaved run, after checking their results
-equal, and the run writes a table, `bench.json` and `bench.png` into DIR."""
+suite, for people to run and share (see `_DESCRIPTION`)."""
 
 from __future__ import annotations
 
@@ -27,6 +25,10 @@ from typing import Any, TypeVar  # noqa: E402
 from fastpjit.bench import harness, suite  # noqa: E402
 
 T = TypeVar("T")
+_DESCRIPTION = """The standard dispatch suite on this machine's default devices (8 CPU devices
+where there is no accelerator): each row times fastpjit, JAX and the floor in one interleaved
+run, after checking their results equal; the run prints a table and writes bench.json and
+bench.png into DIR."""
 
 
 def _progress(items: list[T]) -> Iterable[T]:
@@ -46,7 +48,7 @@ def _lines(items: list[T]) -> Iterator[T]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fastpjit.bench",
-                                     description=(__doc__ or "").split("\n\n")[0])
+                                     description=_DESCRIPTION)
     parser.add_argument("--quick", action="store_true",
                         help="a row of each kind, with short rounds (under two minutes)")
     parser.add_argument("--only", metavar="PATTERN",
