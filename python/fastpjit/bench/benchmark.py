@@ -5,7 +5,6 @@ were checked equal."""
 from __future__ import annotations
 
 import functools
-import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -155,22 +154,13 @@ class _Target:
     donated: tuple[set[int], set[str]]
 
 
-def _fresh(fun: Any) -> Any:
-    """A new function object with `fun`'s code, so that JAX's side and the floor share no
-    caches; other callables as they are."""
-    if not isinstance(fun, types.FunctionType):
-        return fun
-    return types.FunctionType(fun.__code__, fun.__globals__, fun.__name__, fun.__defaults__,
-                              fun.__closure__)
-
-
 def _jit_target(fun: Any, options: dict[str, Any], ours: Any = None,
                 theirs: Any = None) -> _Target:
-    theirs = theirs if theirs is not None else _jax.jax_jit(_fresh(fun), **options)
+    theirs = theirs if theirs is not None else _jax.jax_jit(floors.fresh(fun), **options)
     positions, names = _jax.jit_donated_args(theirs)
     return _Target(
         ours=ours if ours is not None else jit(fun, **options), theirs=theirs,
-        floor=lambda a, k: floors.jit_floor(_jax.jax_jit(_fresh(fun), **options), a, k),
+        floor=lambda a, k: floors.jit_floor(_jax.jax_jit(floors.fresh(fun), **options), a, k),
         donated=(set(positions), set(names)))
 
 
@@ -196,8 +186,8 @@ def _target(fn: Any) -> _Target:
         fun = fn.__wrapped__
         statics = tuple(options["static_broadcasted_argnums"])
         return _Target(
-            ours=fn, theirs=_jax.jax_pmap(_fresh(fun), **options),
-            floor=lambda a, k: floors.pmap_floor(_jax.jax_pmap(_fresh(fun), **options), a, k,
+            ours=fn, theirs=_jax.jax_pmap(floors.fresh(fun), **options),
+            floor=lambda a, k: floors.pmap_floor(_jax.jax_pmap(floors.fresh(fun), **options), a, k,
                                                  statics),
             donated=fn._donated_arguments())
     if isinstance(fn, JitWrapped):

@@ -30,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import threading
-import types
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, NamedTuple
@@ -44,6 +43,7 @@ from jax.sharding import PartitionSpec as P
 import fastpjit
 from fastpjit import _jax
 from fastpjit.bench.floors import (
+    fresh,
     has_collectives,
     jit_floor,
     placed_inputs,
@@ -56,12 +56,6 @@ from fastpjit.bench.harness import Case, CheckFailed, Sides, same_result
 SHAPE = (8, 4)
 THREAD_CALLS = 64
 LONG_THREAD_CALLS = 1000
-
-
-def fresh(fun: Callable[..., Any]) -> Callable[..., Any]:
-    """A new function object with `fun`'s code, so that no side shares another's caches."""
-    return types.FunctionType(fun.__code__, fun.__globals__, fun.__name__, fun.__defaults__,
-                              fun.__closure__)
 
 
 def _cycle(functions: Sequence[Callable[[], Any]]) -> Callable[[], Any]:

@@ -7,6 +7,7 @@ for a tree of outputs, the output tree. No keying, no flattening, no checks, no 
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +20,15 @@ from fastpjit.bench.harness import Call
 class NoFloor(AssertionError):
     """JAX runs the call another way than one executable on its inputs (effects, callbacks),
     so it has no floor to time."""
+
+
+def fresh(fun: Any) -> Any:
+    """A new function object with `fun`'s code (other callables as they are), so that no side
+    shares another's caches: JAX keys its jit caches by the function."""
+    if not isinstance(fun, types.FunctionType):
+        return fun
+    return types.FunctionType(fun.__code__, fun.__globals__, fun.__name__, fun.__defaults__,
+                              fun.__closure__)
 
 
 def placed_inputs(fast_path: Any, flat_args: list[Any]) -> list[Any]:
