@@ -22,9 +22,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-from harness import Case, CheckFailed, Sides
 
 import fastpjit
+from fastpjit.bench.harness import Case, CheckFailed, Sides
 
 COLUMNS = ("devices", "inputs")
 

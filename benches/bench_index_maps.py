@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import jax
 import numpy as np
-from harness import Call, Case, Plot, Sides, loglog_slope
 from jax._src import named_sharding as jax_named_sharding
 from jax._src import op_shardings as jax_op_shardings
 from jax._src import sharding as jax_sharding
@@ -38,6 +37,7 @@ from jax.sharding import AbstractMesh, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import fastpjit
+from fastpjit.bench.harness import Call, Case, Plot, Sides, loglog_slope
 
 SHAPE = (8192, 8192)
 MESHES = {8: (2, 4), 64: (8, 8), 512: (16, 32), 4096: (64, 64), 32768: (128, 256)}

@@ -25,13 +25,13 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-from harness import Case, CheckFailed, Sides
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import fastpjit
 from fastpjit._jax.rust_handles import batched_device_put
 from fastpjit._jax.xla_compile import backend_compiles
+from fastpjit.bench.harness import Case, CheckFailed, Sides, same_result
 
 SHAPE = (8, 4)
 TREE_SIZES = (10, 100, 1000)
@@ -41,26 +41,6 @@ COLUMNS = ("devices", "leaves in", "out")
 TRIVIAL_SLOWDOWN = 1.05
 TREE_OVERHEAD = 0.5
 NUMPY_OVERHEAD = 1 / 3
-
-
-def _same_leaf(ours, theirs) -> None:
-    assert isinstance(ours, jax.Array), f"{type(ours).__name__} is not a jax.Array"
-    assert ours.dtype == theirs.dtype, f"dtype {ours.dtype} != {theirs.dtype}"
-    assert ours.aval == theirs.aval, f"aval {ours.aval} != {theirs.aval}"
-    assert ours.weak_type == theirs.weak_type, "weak type differs"
-    assert ours.sharding == theirs.sharding, f"sharding {ours.sharding} != {theirs.sharding}"
-    assert ours.committed == theirs.committed, "commitment differs"
-    assert np.array_equal(np.asarray(ours), np.asarray(theirs)), "values differ"
-
-
-def same_result(ours, theirs) -> bool:
-    """Raises AssertionError unless the two results agree leaf by leaf."""
-    ours_leaves, ours_tree = jax.tree.flatten(ours)
-    theirs_leaves, theirs_tree = jax.tree.flatten(theirs)
-    assert ours_tree == theirs_tree, f"tree {ours_tree} != {theirs_tree}"
-    for a, b in zip(ours_leaves, theirs_leaves, strict=True):
-        _same_leaf(a, b)
-    return True
 
 
 def _compiled_parts(compiled):

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import jax
 import numpy as np
-from floors import pmap_floor, runner
-from harness import Case, Sides
 
 import fastpjit
 from fastpjit._jax.jit_miss import pmap_cache_miss
 from fastpjit._jax.rust_handles import batched_device_put
+from fastpjit.bench.floors import pmap_floor, runner
+from fastpjit.bench.harness import Case, Sides
 
 COLUMNS = ("devices", "args")
 GOAL_OVERHEAD_RATIO = 0.2

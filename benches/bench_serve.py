@@ -12,20 +12,19 @@ spread over N threads (1000 calls each, each result waited for), per call: their
 
 from __future__ import annotations
 
-import types
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from bench_calls import burst, same_result
-from floors import jit_floor
-from harness import Case, Sides
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import fastpjit
+from fastpjit.bench.calls import burst
+from fastpjit.bench.floors import fresh, jit_floor
+from fastpjit.bench.harness import Case, Sides, same_result
 
 COLUMNS = ("leaves", "devices")
 THREAD_CALLS = 1000
@@ -35,11 +34,6 @@ def serve_step(params, x):
     # Every parameter is an input of the executable.
     total = jnp.stack([p.sum() for p in jax.tree.leaves(params)]).sum()
     return jnp.tanh(x) * total
-
-
-def _fresh(fun: Any) -> Any:
-    return types.FunctionType(fun.__code__, fun.__globals__, fun.__name__, fun.__defaults__,
-                              fun.__closure__)
 
 
 def _setup(leaves: int, devices: int, numpy_weights: bool = False) -> tuple[Any, Any]:
@@ -59,9 +53,9 @@ def _setup(leaves: int, devices: int, numpy_weights: bool = False) -> tuple[Any,
 
 def _bound(leaves: int, devices: int, plain: bool = False, numpy_weights: bool = False) -> Sides:
     params, x = _setup(leaves, devices, numpy_weights)
-    step = fastpjit.jit(_fresh(serve_step))
-    theirs = jax.jit(_fresh(serve_step))
-    floor = jit_floor(jax.jit(_fresh(serve_step)), (params, x), {})
+    step = fastpjit.jit(fresh(serve_step))
+    theirs = jax.jit(fresh(serve_step))
+    floor = jit_floor(jax.jit(fresh(serve_step)), (params, x), {})
     if plain:
         ours: Callable[[], Any] = lambda: step(params, x)  # noqa: E731
     else:
@@ -74,9 +68,9 @@ def _bound(leaves: int, devices: int, plain: bool = False, numpy_weights: bool =
 
 def _threads(n: int, leaves: int = 10) -> Sides:
     params, x = _setup(leaves, 1)
-    g = fastpjit.jit(_fresh(serve_step)).bind(params)
-    theirs = jax.jit(_fresh(serve_step))
-    floor = jit_floor(jax.jit(_fresh(serve_step)), (params, x), {})
+    g = fastpjit.jit(fresh(serve_step)).bind(params)
+    theirs = jax.jit(fresh(serve_step))
+    floor = jit_floor(jax.jit(fresh(serve_step)), (params, x), {})
 
     return Sides(ours=burst(lambda: g(x), n, THREAD_CALLS),
                  jax=burst(lambda: theirs(params, x), n, THREAD_CALLS),

@@ -41,12 +41,12 @@ import time
 
 import jax
 import numpy as np
-from harness import Call, Case, Plot, Sides
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import fastpjit
 from fastpjit._jax.rust_handles import ARRAY_TO_HOST
+from fastpjit.bench.harness import Call, Case, Plot, Sides
 
 SHAPES = ((8, 4), (8, 1024), (8192, 1024), (65536, 1024))
 SMALL = ((8, 4), (8, 1024))

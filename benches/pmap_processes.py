@@ -16,7 +16,6 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 ROUNDS = 15
 CALLS = 200
@@ -28,9 +27,7 @@ def _measure() -> None:
 
     import fastpjit
     from fastpjit._jax.jit_miss import pmap_cache_miss
-
-    sys.path.insert(0, str(Path(__file__).parent))
-    from floors import placed_inputs, runner
+    from fastpjit.bench.floors import placed_inputs, runner
 
     jax.distributed.initialize()
     local = jax.local_device_count()

@@ -38,7 +38,6 @@ import datetime  # noqa: E402
 import hashlib  # noqa: E402
 import importlib  # noqa: E402
 import json  # noqa: E402
-import platform  # noqa: E402
 import resource  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
@@ -46,11 +45,10 @@ from pathlib import Path  # noqa: E402
 from types import ModuleType  # noqa: E402
 from typing import Any  # noqa: E402
 
-import harness  # noqa: E402
 import jax  # noqa: E402
-import numpy  # noqa: E402
 
 import fastpjit  # noqa: E402
+from fastpjit.bench import harness  # noqa: E402
 
 BENCHES = Path(__file__).resolve().parent
 ROOT = BENCHES.parent
@@ -84,14 +82,6 @@ How to read the tables:
 
 def environment() -> dict[str, Any]:
     """The machine and software the numbers were measured with."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as info:
-            names = [line.split(":", 1)[1].strip() for line in info
-                     if line.startswith("model name")]
-        cpu = names[0] if names else cpu
-    except OSError:
-        pass
     memory_gib = None
     with contextlib.suppress(ValueError, OSError):
         memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
@@ -100,18 +90,9 @@ def environment() -> dict[str, Any]:
                                 capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         commit = "unknown"
-    return {
-        "cpu": cpu,
-        "cores": len(os.sched_getaffinity(0)),
+    return harness.environment() | {
         "memory_gib": round(memory_gib, 1) if memory_gib else None,
-        "os": platform.platform(),
-        "python": platform.python_version(),
-        "jax": jax.__version__,
-        "jaxlib": jax.lib.__version__,
-        "numpy": numpy.__version__,
-        "fastpjit": fastpjit.__version__,
         "commit": commit,
-        "load_average": round(os.getloadavg()[0], 2),
     }
 
 
@@ -216,7 +197,7 @@ def section(result: dict[str, Any], env: dict[str, Any], command: str, date: str
         f"Python {env['python']}, jax {env['jax']}, jaxlib {env['jaxlib']}, "
         f"numpy {env['numpy']}, fastpjit {env['fastpjit']} ({env['commit']}, "
         f"native build {builds[0]}); "
-        f"load average {env['load_average']} at the start. "
+        f"load average {env['load_average'][0]} at the start. "
         f"Command: `{command}`" + (" (quick: fewer, shorter rounds)." if quick else "."),
         harness.markdown_table(result["rows"], getattr(module, "COLUMNS", ())),
     ]

@@ -171,6 +171,7 @@ PRIVATE_NAMES = [
     Name("jax._src.named_sharding", "NamedSharding", CLASS),
     Name("jax._src.named_sharding", "NamedSharding._logical_device_ids", VALUE),
     Name("jax._src.op_shardings", "are_hlo_shardings_equal", CALLABLE),
+    Name("jax._src.pjit", "PjitInfo", CLASS),
     Name("jax._src.pjit", "_get_fastpath_data", CALLABLE),
     Name("jax._src.pjit", "_infer_params", CALLABLE),
     Name("jax._src.pjit", "_resolve_and_lower", CALLABLE),

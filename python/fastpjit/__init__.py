@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from fastpjit import _launched
 from fastpjit._core import __version__, reset_stats, set_host_pool_limit, stats
+from fastpjit.bench import benchmark
 from fastpjit.errors import (
     DuplicateSpecError,
     IndivisibleError,
@@ -48,6 +49,7 @@ __all__ = [
     "ShardingRankError",
     "__version__",
     "addressable_devices_indices_map",
+    "benchmark",
     "compile_hlo",
     "device_get",
     "device_put",

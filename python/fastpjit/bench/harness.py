@@ -1,4 +1,5 @@
-"""The machinery every benchmark shares: cases, interleaved timing, checks, tables and plots.
+"""The one place that times a call: cases, interleaved timing, checks, tables and plots, shared
+by `fastpjit.benchmark`, `python -m fastpjit.bench`, `benches/` and the demo.
 
 A benchmark module (`benches/bench_<name>.py`) declares `CASES`, a list of `Case`, and
 `benches/run.py` does the rest (see its docstring for the optional `COLUMNS`, `PLOT`, `notes`).
@@ -19,6 +20,8 @@ from __future__ import annotations
 import gc
 import itertools
 import math
+import os
+import platform
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -26,10 +29,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy
 
 SIDES = ("ours", "jax", "floor")
 LABELS = {"ours": "fastpjit", "jax": "JAX", "floor": "floor"}
+# A side whose rounds' interquartile range exceeds this share of its median is too noisy for
+# its figure to be trusted (another process took the CPU, say).
+TRUSTED_SPREAD = 0.1
+TOOLS_HINT = "pip install fastpjit[tools]"
 
 
 class CheckFailed(AssertionError):
@@ -82,11 +90,13 @@ class Case:
 
 @dataclass(frozen=True)
 class Settings:
-    """How long to measure: `rounds` interleaved rounds of about `round_s` seconds per side."""
+    """How long to measure: `rounds` interleaved rounds of about `round_s` seconds per side,
+    and in each round `singles` calls per side timed one by one (for percentiles)."""
 
     rounds: int
     round_s: float
     max_number: int = 100_000
+    singles: int = 0
 
     @classmethod
     def of(cls, quick: bool) -> Settings:
@@ -110,7 +120,8 @@ def _as_call(side: Callable[[], Any] | Call) -> Call:
     return side if isinstance(side, Call) else Call(side)
 
 
-def _once(call: Call) -> Any:
+def run_once(call: Call) -> Any:
+    """One call, after its setup."""
     if call.setup is not None:
         call.setup()
     return call.fn()
@@ -141,25 +152,54 @@ def _mean_ns(call: Call, number: int, per_call: bool) -> float:
 
 def _stats(per_round_us: list[float]) -> dict[str, Any]:
     quartiles = statistics.quantiles(per_round_us, n=4) if len(per_round_us) > 1 else None
+    median = statistics.median(per_round_us)
+    p25 = quartiles[0] if quartiles else per_round_us[0]
+    p75 = quartiles[2] if quartiles else per_round_us[0]
     return {
-        "median": statistics.median(per_round_us),
+        "median": median,
         "min": min(per_round_us),
-        "p25": quartiles[0] if quartiles else per_round_us[0],
-        "p75": quartiles[2] if quartiles else per_round_us[0],
+        "p25": p25,
+        "p75": p75,
+        # The rounds' interquartile range, as a share of their median.
+        "spread": (p75 - p25) / median if median > 0 else 0.0,
         "per_round": per_round_us,
     }
 
 
 def check_sides(name: str, sides: Sides) -> None:
     """Runs ours and JAX once each, cold if they have setups, and compares the results."""
-    ours = _once(_as_call(sides.ours))
-    theirs = _once(_as_call(sides.jax))
+    ours = run_once(_as_call(sides.ours))
+    theirs = run_once(_as_call(sides.jax))
     try:
         verdict = sides.check(ours, theirs) if sides.check else _equal(ours, theirs)
     except AssertionError as err:
         raise CheckFailed(f"{name}: fastpjit and JAX disagree: {err}") from err
     if verdict is not None and not bool(numpy.all(verdict)):
         raise CheckFailed(f"{name}: fastpjit and JAX disagree")
+
+
+def _same_leaf(ours: Any, theirs: Any) -> None:
+    assert type(ours) is type(theirs), f"{type(ours).__name__} != {type(theirs).__name__}"
+    if not isinstance(theirs, jax.Array):
+        assert ours == theirs
+        return
+    assert ours.aval == theirs.aval, f"aval {ours.aval} != {theirs.aval}"
+    assert ours.aval.weak_type == theirs.aval.weak_type, "weak type differs"
+    assert ours.sharding == theirs.sharding, f"sharding {ours.sharding} != {theirs.sharding}"
+    assert ours.committed == theirs.committed, "commitment differs"
+    assert numpy.array_equal(numpy.asarray(ours), numpy.asarray(theirs)), "values differ"
+
+
+def same_result(ours: Any, theirs: Any) -> bool:
+    """Raises AssertionError unless the two results agree leaf by leaf."""
+    ours_tree: Any
+    theirs_tree: Any
+    ours_leaves, ours_tree = jax.tree.flatten(ours)
+    theirs_leaves, theirs_tree = jax.tree.flatten(theirs)
+    assert ours_tree == theirs_tree, f"tree {ours_tree} != {theirs_tree}"
+    for a, b in zip(ours_leaves, theirs_leaves, strict=True):
+        _same_leaf(a, b)
+    return True
 
 
 def _equal(ours: Any, theirs: Any) -> bool:
@@ -185,17 +225,46 @@ def measure(name: str, sides: Sides, settings: Settings) -> dict[str, Any]:
     try:
         numbers = {side: _calibrate(call, per_call, settings) for side, call in calls.items()}
         empty_ns = min(_mean_ns(empty, 10_000, per_call) for _ in range(5))
+        empty_single_ns = min(_single_ns(empty, 1000)) if settings.singles else 0
         samples: dict[str, list[float]] = {side: [] for side in calls}
+        singles: dict[str, list[float]] = {side: [] for side in calls}
         order = list(calls)
         for round_index in range(settings.rounds):
             shift = round_index % len(order)
             for side in order[shift:] + order[:shift]:
                 ns = _mean_ns(calls[side], numbers[side], per_call)
                 samples[side].append(max(ns - empty_ns, 0.0) / 1e3 / sides.calls)
+                # No more single calls than the round's loop makes: slow calls stay quick.
+                count = min(settings.singles, numbers[side])
+                singles[side] += [max(ns - empty_single_ns, 0) / 1e3 / sides.calls
+                                  for ns in _single_ns(calls[side], count)]
     finally:
         gc.enable()
-    stats = {side: _stats(us) | {"number": numbers[side]} for side, us in samples.items()}
+    stats = {side: _stats(us) | {"number": numbers[side]} | _percentiles(singles[side])
+             for side, us in samples.items()}
     return _row(name, sides, stats, per_call, empty_ns / 1e3)
+
+
+def _single_ns(call: Call, number: int) -> list[int]:
+    """`number` calls, each timed alone (its setup and the freeing of its result untimed)."""
+    fn, setup, clock = call.fn, call.setup, time.perf_counter_ns
+    times = []
+    for _ in itertools.repeat(None, number):
+        if setup is not None:
+            setup()
+        start = clock()
+        result = fn()
+        times.append(clock() - start)
+        del result
+    return times
+
+
+def _percentiles(us: list[float]) -> dict[str, float]:
+    """p50, p90 and p99 of single calls' µs (none without samples)."""
+    if len(us) < 2:
+        return {}
+    cuts = statistics.quantiles(us, n=100, method="inclusive")
+    return {"p50": cuts[49], "p90": cuts[89], "p99": cuts[98], "singles": len(us)}
 
 
 def _calibrate(call: Call, per_call: bool, settings: Settings) -> int:
@@ -216,6 +285,7 @@ def _row(name: str, sides: Sides, stats: dict[str, Any], per_call: bool,
     overhead = None
     if floor is not None and theirs > floor:
         overhead = (ours - floor) / (theirs - floor)
+    noisy = [LABELS[side] for side, stat in stats.items() if stat["spread"] > TRUSTED_SPREAD]
     return {
         "name": name,
         "ours_us": ours,
@@ -223,6 +293,7 @@ def _row(name: str, sides: Sides, stats: dict[str, Any], per_call: bool,
         "floor_us": floor,
         "speedup": theirs / ours if ours > 0 else math.inf,
         "overhead_ratio": overhead,
+        "noisy": noisy,
         "timing": "each call alone, setup untimed" if per_call else "back-to-back loop",
         "empty_call_us": empty_us,
         "stats": stats,
@@ -274,6 +345,74 @@ def markdown_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] = ()) 
     return "\n".join(lines)
 
 
+def text_table(rows: Sequence[dict[str, Any]]) -> str:
+    """The rows for a terminal: µs per call (median over rounds), speedup, overhead ratio, and
+    the widest spread of a row's sides, marked `!` where it is too wide to trust."""
+    head = ("case", "fastpjit µs", "JAX µs", "floor µs", "speedup", "overhead", "spread")
+    body = []
+    for row in rows:
+        widest = max(stat["spread"] for stat in row["stats"].values())
+        ratio = row["overhead_ratio"]
+        body.append((row["name"], fmt_us(row["ours_us"]), fmt_us(row["jax_us"]),
+                     fmt_us(row["floor_us"]), fmt_ratio(row["speedup"]),
+                     "–" if ratio is None else f"{ratio:.2f}",
+                     f"{widest:.0%}" + (" !" if row["noisy"] else "")))
+    lines = aligned([head, *body])
+    lines.insert(1, "-" * len(lines[0]))
+    if any(row["noisy"] for row in rows):
+        lines.append(f"! a side's rounds spread over more than {TRUSTED_SPREAD:.0%} of its "
+                     "median: the machine was busy; rerun those rows before trusting them")
+    return "\n".join(lines)
+
+
+def aligned(table: Sequence[Sequence[str]]) -> list[str]:
+    """The lines of a table for a terminal: its first column left-aligned, the others right."""
+    widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
+    return ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
+                      for i, (cell, w) in enumerate(zip(line, widths, strict=True)))
+            for line in table]
+
+
+def environment() -> dict[str, Any]:
+    """What a result was measured on, so that people can share it: the platform, its devices,
+    the versions, and the machine's load when measuring began."""
+    import fastpjit  # the package imports this module
+
+    devices = jax.devices()
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as info:
+            names = [line.split(":", 1)[1].strip() for line in info
+                     if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    except OSError:
+        pass
+    return {
+        "platform": devices[0].platform,
+        "device_kind": devices[0].device_kind,
+        "device_count": len(devices),
+        "cpu": cpu,
+        "cores": (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                  else os.cpu_count()),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "jax": jax.__version__,
+        "jaxlib": jax.lib.__version__,
+        "numpy": numpy.__version__,
+        "fastpjit": fastpjit.__version__,
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def describe(env: dict[str, Any]) -> str:
+    """`environment()` in one line."""
+    load = ", ".join(map(str, env["load_average"]))
+    return (f"{env['device_count']} × {env['platform']} ({env['device_kind']}) on {env['cpu']}, "
+            f"{env['cores']} cores; Python {env['python']}, jax {env['jax']}, jaxlib "
+            f"{env['jaxlib']}, numpy {env['numpy']}, fastpjit {env['fastpjit']}; "
+            f"load average {load}")
+
+
 def loglog_slope(xs: Sequence[float], ys: Sequence[float]) -> float:
     """The least-squares slope of log(y) against log(x): 1 means linear growth."""
     lx = [math.log(x) for x in xs]
@@ -283,12 +422,49 @@ def loglog_slope(xs: Sequence[float], ys: Sequence[float]) -> float:
             / sum((a - mx) ** 2 for a in lx))
 
 
-def plot(rows: Sequence[dict[str, Any]], spec: Plot, path: Path) -> None:
-    """Draws `spec` from the rows into `path` (PNG)."""
-    import matplotlib
-
+def _pyplot() -> Any:
+    """matplotlib's pyplot, drawing to files only."""
+    try:
+        import matplotlib
+    except ImportError as err:
+        raise ImportError(f"plotting needs matplotlib, which is not installed: {TOOLS_HINT} "
+                          "(tables work without it)") from err
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def bar_plot(rows: Sequence[dict[str, Any]], path: str | Path, title: str) -> None:
+    """µs per call of each row's sides as horizontal bars (log scale), each with the
+    interquartile range of its rounds, into `path` (PNG)."""
+    plt = _pyplot()
+    sides = [side for side in SIDES if any(side in row["stats"] for row in rows)]
+    height = 0.8 / len(sides)
+    fig, ax = plt.subplots(figsize=(9, 1.2 + 0.3 * len(rows) * len(sides)))
+    for k, side in enumerate(sides):
+        shown = [(i, row["stats"][side]) for i, row in enumerate(rows) if side in row["stats"]]
+        ax.barh([i + k * height for i, _ in shown], [stat["median"] for _, stat in shown],
+                height=height, label=LABELS[side],
+                xerr=[[stat["median"] - stat["p25"] for _, stat in shown],
+                      [stat["p75"] - stat["median"] for _, stat in shown]])
+    ax.set_yticks([i + height * (len(sides) - 1) / 2 for i in range(len(rows))])
+    ax.set_yticklabels([f"{row['name']}  ({fmt_ratio(row['speedup'])})" for row in rows],
+                       fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set_xlabel("µs per call (median of rounds; bars: their interquartile range)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, axis="x", which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot(rows: Sequence[dict[str, Any]], spec: Plot, path: Path) -> None:
+    """Draws `spec` from the rows into `path` (PNG)."""
+    plt = _pyplot()
 
     panels = list(dict.fromkeys(row.get(spec.panel) for row in rows)) if spec.panel else [None]
     fig, axes = plt.subplots(1, len(panels), figsize=(6.4 * len(panels), 4.8), squeeze=False)
