@@ -1,4 +1,4 @@
-"""fastpjit: JAX's jit, pjit and pmap with the per-call work in Rust; same results, less time.
+"""fastpjit: JAX's jit, pjit and pmap, with the work of every cached call done in Rust.
 
 jit, pjit and pmap (and their `.lower(...).compile()` and `f.bind(...)` functions) key every
 call and run its cached executable from Rust; JAX traces and compiles on a miss, and runs the
