@@ -21,16 +21,18 @@ test: build rust-test py-test
 
 venv: $(VENV)/.installed
 
+# Every pin lives in pyproject.toml. The venv gets the build backend that it names; `build` then
+# installs the package with its dependencies (jax, jaxlib and numpy, before maturin compiles)
+# and the dev (tests, lints) and tools (progress bars, plots) extras.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install --quiet "maturin>=1.9,<2" "jax==0.10.2" "jaxlib==0.10.2" "numpy>=2" \
-		"pytest>=8" "pytest-timeout>=2.3" "hypothesis>=6.100" "cloudpickle>=3" "matplotlib>=3.8" \
-		"ruff>=0.6" "mypy>=1.10" "flax==0.12.8" "optax==0.2.8" "tqdm>=4.66"
+	$(VENV)/bin/pip install --quiet $$($(PY) -c 'import tomllib; \
+		print(*tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"])')
 	touch $@
 
 build: venv
-	VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/maturin develop --release --quiet
+	VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/maturin develop --release --quiet --extras dev,tools
 
 rust-test:
 	cargo test --quiet
@@ -38,7 +40,7 @@ rust-test:
 py-test:
 	$(PY) -m pytest -q
 
-lint: venv
+lint: build
 	cargo fmt --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	$(VENV)/bin/ruff check python tests benches examples

@@ -1,11 +1,14 @@
-"""fastpjit: JAX's pmap and jit with a Rust runtime core.
+"""fastpjit: JAX's jit, pjit and pmap, with the work of every cached call done in Rust.
 
-jit, pjit and pmap with their cached calls dispatched in Rust; compile_hlo, which runs sharded
-HLO written by other frontends through the same dispatcher; sharding index maps computed in
-Rust, equal to JAX's; device_put, device_get and make_array_from_process_local_data with the
-shard and unshard work done in Rust. `fastpjit.install()` puts fastpjit in JAX's place under
-code that you don't own, and `python -m fastpjit run SCRIPT` runs a program so.
-`python -m fastpjit.launch` runs a multi-process program on one machine.
+jit, pjit and pmap (and their `.lower(...).compile()` and `f.bind(...)` functions) key every
+call and run its cached executable from Rust; JAX traces and compiles on a miss, and runs the
+calls that fastpjit cannot serve, each counted in `stats()` with its reason. compile_hlo runs
+sharded HLO or StableHLO from other frontends through the same dispatcher. The index maps
+(devices_indices_map and its relatives) and the shard work of device_put, device_get and
+make_array_from_process_local_data are done in Rust. `install()` puts fastpjit in JAX's place
+under code that you don't own (`python -m fastpjit run SCRIPT` runs a program so), and
+`python -m fastpjit.launch` runs a multi-process program on one machine. See docs/ in the
+source tree.
 """
 
 from __future__ import annotations
