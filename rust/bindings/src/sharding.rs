@@ -1,13 +1,12 @@
 //! Reads a JAX sharding object into the core's terms: a tile layout and its device assignment.
 
 use fastpjit_core::{HloSharding, MeshAxes, NamedSpec, TileLayout};
-use pyo3::exceptions::{PyNotImplementedError, PyTypeError};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyTuple, PyType};
 
-use crate::errors::sharding_error;
+use crate::errors::{sharding_error, Error};
 use crate::jax::private;
 
 static NAMED_SHARDING: PyOnceLock<Py<PyType>> = PyOnceLock::new();
@@ -38,7 +37,7 @@ pub fn view<'py>(sharding: &Bound<'py, PyAny>, ndim: usize) -> PyResult<Sharding
             .next()
             .transpose()?;
         let device =
-            device.ok_or_else(|| PyTypeError::new_err("a SingleDeviceSharding with no device"))?;
+            device.ok_or_else(|| Error::Type("a SingleDeviceSharding with no device".into()))?;
         return Ok(ShardingView {
             layout: TileLayout::Replicated,
             devices: Some(vec![device]),
@@ -46,10 +45,14 @@ pub fn view<'py>(sharding: &Bound<'py, PyAny>, ndim: usize) -> PyResult<Sharding
         });
     }
     if !sharding.is_instance(SHARDING.import(py, "jax.sharding", "Sharding")?)? {
-        return Err(PyTypeError::new_err(format!(
-            "sharding must be a jax.sharding.Sharding, got {}",
-            sharding.get_type().name()?
-        )));
+        return Err(Error::Type(
+            format!(
+                "sharding must be a jax.sharding.Sharding, got {}",
+                sharding.get_type().name()?
+            )
+            .into(),
+        )
+        .into());
     }
     let parts = private(py)?
         .getattr(intern!(py, "hlo_parts"))?
@@ -71,9 +74,10 @@ fn named_view<'py>(sharding: &Bound<'py, PyAny>, ndim: usize) -> PyResult<Shardi
     let mesh = sharding.getattr(intern!(py, "mesh"))?;
     let spec = sharding.getattr(intern!(py, "spec"))?;
     if mesh.getattr(intern!(py, "manual_axes"))?.len()? > 0 {
-        return Err(PyNotImplementedError::new_err(
-            "devices_indices_map is not defined for a mesh with manual axes",
-        ));
+        return Err(Error::NotImplemented(
+            "devices_indices_map is not defined for a mesh with manual axes".into(),
+        )
+        .into());
     }
     // Axis names are any hashable objects: spec entries are matched to mesh axes by Python
     // equality, as JAX matches them, and the core sees only the matched names.
