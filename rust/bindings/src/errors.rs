@@ -13,6 +13,8 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;
 
+use crate::handles::names;
+
 /// An error of the bindings outside the dispatcher, by the Python exception it becomes.
 #[derive(Debug)]
 pub enum Error {
@@ -102,7 +104,10 @@ pub fn sharding_error(
                 Ok(class) => {
                     let message = format!("{about}{err}");
                     let (mesh, spec) = subject.map_or((None, None), |s| {
-                        (s.getattr("mesh").ok(), s.getattr("spec").ok())
+                        (
+                            s.getattr(names(py).mesh.bind(py)).ok(),
+                            s.getattr(names(py).spec.bind(py)).ok(),
+                        )
                     });
                     match class.call1((message, mesh, spec)) {
                         Ok(instance) => PyErr::from_value(instance),

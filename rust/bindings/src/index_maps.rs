@@ -4,11 +4,12 @@ use std::mem::MaybeUninit;
 
 use fastpjit_core::{HloSharding, IndexMap};
 use numpy::{PyArray3, PyArrayMethods};
+use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PySlice, PyString, PyTuple};
-use pyo3::{ffi, intern};
 
 use crate::errors::{sharding_error, shown, Error};
+use crate::handles::names;
 use crate::sharding::{view, ShardingView};
 
 /// The index map of `sharding` over `global_shape`, with its view; unreduced shardings
@@ -163,12 +164,14 @@ fn addressable_positions(py: Python<'_>, devices: &[Bound<'_, PyAny>]) -> PyResu
         return Ok(Vec::new());
     };
     let this_process: i64 = first
-        .getattr(intern!(py, "client"))?
-        .call_method0(intern!(py, "process_index"))?
+        .getattr(names(py).client.bind(py))?
+        .call_method0(names(py).process_index.bind(py))?
         .extract()?;
     let mut out = Vec::with_capacity(devices.len());
     for (position, device) in devices.iter().enumerate() {
-        let process: i64 = device.getattr(intern!(py, "process_index"))?.extract()?;
+        let process: i64 = device
+            .getattr(names(py).process_index.bind(py))?
+            .extract()?;
         if process == this_process {
             out.push(position);
         }

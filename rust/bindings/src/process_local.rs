@@ -6,12 +6,12 @@ use std::sync::Arc;
 use fastpjit_core::error::python_tuple;
 use fastpjit_core::{local_blocks, process_block_counts, IndexMap};
 use numpy::{PyUntypedArray, PyUntypedArrayMethods};
-use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PySlice, PyTuple};
 
 use crate::cache::BoundedCache;
 use crate::errors::{sharding_error, shown, Error};
+use crate::handles::names;
 use crate::index_maps::IndexedDevice;
 use crate::index_maps::{indexed_devices, shape_arg};
 use crate::sharding::view;
@@ -127,12 +127,12 @@ fn implied_global_shape(
         .ok_or_else(|| Error::Value("the sharding's mesh is abstract and has no devices".into()))?;
     let first = devices.first().ok_or_else(|| no_devices_here(sharding))?;
     let this_process: usize = first
-        .getattr(intern!(py, "client"))?
-        .call_method0(intern!(py, "process_index"))?
+        .getattr(names(py).client.bind(py))?
+        .call_method0(names(py).process_index.bind(py))?
         .extract()?;
     let processes = devices
         .iter()
-        .map(|d| d.getattr(intern!(py, "process_index"))?.extract())
+        .map(|d| d.getattr(names(py).process_index.bind(py))?.extract())
         .collect::<PyResult<Vec<usize>>>()?;
     if !processes.contains(&this_process) {
         return Err(no_devices_here(sharding));

@@ -6,75 +6,17 @@ use std::sync::Arc;
 use fastpjit_core::strided::{assemble, Placement, StridedView};
 use fastpjit_core::transfer::{DistinctTiles, HostLayout, PutMethod, Staging};
 use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
-use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBool, PyComplex, PyFloat, PyInt, PyList, PySlice, PyString, PyTuple, PyType};
+use pyo3::types::{PyBool, PyComplex, PyFloat, PyInt, PyList, PySlice, PyTuple};
 
 use crate::cache::BoundedCache;
+use crate::handles::{handles, names, Handles};
 use crate::host_memory::{empty_array, POOLED_BYTES};
 use crate::index_maps::{indexed_devices, IndexedDevice};
-use crate::jax::{arrays, attribute as get, interned, private, type_attribute as get_type, Arrays};
 use crate::shard_buffer::{spanned_bytes, ShardBuffer};
 use crate::stats::count_fallback;
 
 use crate::errors::{shown, Error};
-
-/// Python callables and types that the shard path uses, fetched once.
-struct Handles {
-    batched_device_put: Py<PyAny>,
-    /// `HostBufferSemantics` that let jaxlib adopt host memory, and that make it copy.
-    zero_copy: Py<PyAny>,
-    copy: Py<PyAny>,
-    device_put_aval: Py<PyAny>,
-    canonical_dtype: Py<PyAny>,
-    python_scalar_dtype: Py<PyAny>,
-    placement_sharding: Py<PyAny>,
-    copy_to_host_async: Py<PyAny>,
-    /// jaxlib's array type, getters of it, and numpy's types, shared with the dispatcher.
-    arrays: &'static Arrays,
-    /// A method of jaxlib's `ArrayImpl` called without an attribute lookup.
-    single_device_arrays: Py<PyAny>,
-    /// Attribute names of jaxlib's `ArrayImpl` (see `fastpjit._jax`).
-    to_host: Py<PyString>,
-    host_value: Py<PyString>,
-    empty: Py<PyAny>,
-    masked_array: Py<PyType>,
-    jax_array: Py<PyType>,
-    jax_device_put: Py<PyAny>,
-    jax_device_get: Py<PyAny>,
-    jax_config: Py<PyAny>,
-}
-
-static HANDLES: PyOnceLock<Handles> = PyOnceLock::new();
-
-fn handles(py: Python<'_>) -> PyResult<&Handles> {
-    HANDLES.get_or_try_init(py, || {
-        let jax = private(py)?;
-        let public_jax = py.import("jax")?;
-        let numpy = py.import("numpy")?;
-        Ok(Handles {
-            batched_device_put: get(jax, "batched_device_put")?,
-            zero_copy: get(jax, "HOST_BUFFER_ZERO_COPY")?,
-            copy: get(jax, "HOST_BUFFER_COPY")?,
-            device_put_aval: get(jax, "device_put_aval")?,
-            canonical_dtype: get(jax, "canonical_dtype")?,
-            python_scalar_dtype: get(jax, "python_scalar_dtype")?,
-            placement_sharding: get(jax, "placement_sharding")?,
-            copy_to_host_async: get(jax, "copy_to_host_async")?,
-            arrays: arrays(py)?,
-            single_device_arrays: get(jax, "array_single_device_arrays")?,
-            to_host: interned(jax, "ARRAY_TO_HOST")?,
-            host_value: interned(jax, "ARRAY_HOST_VALUE")?,
-            empty: get(&numpy, "empty")?,
-            masked_array: get_type(&py.import("numpy.ma")?, "MaskedArray")?,
-            jax_array: get_type(&public_jax, "Array")?,
-            jax_device_put: get(&public_jax, "device_put")?,
-            jax_device_get: get(&public_jax, "device_get")?,
-            jax_config: get(&public_jax, "config")?,
-        })
-    })
-}
 
 /// Identity of a Python object, valid while the cache entry holds a reference to it.
 pub fn id(obj: &Bound<'_, PyAny>) -> usize {
@@ -94,7 +36,7 @@ fn canonical_dtype<'py>(dtype: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>
     let x64 = h
         .jax_config
         .bind(py)
-        .getattr(intern!(py, "jax_enable_x64"))?
+        .getattr(names(py).jax_enable_x64.bind(py))?
         .is_truthy()?;
     let key = (id(dtype), x64);
     if let Some(entry) = CANONICAL_DTYPES.get(&key) {
@@ -175,7 +117,7 @@ impl PutPlan {
             Some(first) => {
                 first
                     .device
-                    .getattr(intern!(py, "platform"))?
+                    .getattr(names(py).platform.bind(py))?
                     .extract::<String>()?
                     == "cpu"
             }
@@ -273,12 +215,12 @@ impl HostValue<'_> {
 pub fn host_value<'py>(x: &Bound<'py, PyAny>) -> PyResult<HostValue<'py>> {
     let py = x.py();
     let (array, weak_type) = host_array(x)?;
-    let dtype = array.getattr(intern!(py, "dtype"))?;
+    let dtype = array.getattr(names(py).dtype.bind(py))?;
     let canonical = canonical_dtype(&dtype)?;
     let array = if canonical.is(&dtype) || canonical.eq(&dtype)? {
         array
     } else {
-        array.call_method1(intern!(py, "astype"), (&canonical,))?
+        array.call_method1(names(py).astype.bind(py), (&canonical,))?
     };
     Ok(HostValue {
         array,
@@ -551,7 +493,7 @@ fn aligned_empty<'py>(
     let raw = handles(py)?
         .empty
         .bind(py)
-        .call1((nbytes + ALIGN, intern!(py, "uint8")))?;
+        .call1((nbytes + ALIGN, names(py).uint8.bind(py)))?;
     let address = unsafe { (*raw.cast::<PyUntypedArray>()?.as_array_ptr()).fields.data } as usize;
     let offset = (ALIGN - address % ALIGN) % ALIGN;
     let bytes = raw.get_item(PySlice::new(
@@ -561,8 +503,8 @@ fn aligned_empty<'py>(
         1,
     ))?;
     bytes
-        .call_method1(intern!(py, "view"), (dtype,))?
-        .call_method1(intern!(py, "reshape"), (PyTuple::new(py, shape)?,))
+        .call_method1(names(py).view.bind(py), (dtype,))?
+        .call_method1(names(py).reshape.bind(py), (PyTuple::new(py, shape)?,))
 }
 
 /// How `device_get` reads arrays of one sharding and shape.
@@ -596,14 +538,14 @@ fn get_plan(sharding: &Bound<'_, PyAny>, shape: &[usize]) -> PyResult<Arc<GetPla
     let platform = match devices.first() {
         Some(first) => first
             .device
-            .getattr(intern!(py, "platform"))?
+            .getattr(names(py).platform.bind(py))?
             .extract::<String>()?,
         None => String::new(),
     };
     let plan = Arc::new(GetPlan {
         _pinned: sharding.clone().unbind(),
         fully_replicated: sharding
-            .getattr(intern!(py, "is_fully_replicated"))?
+            .getattr(names(py).is_fully_replicated.bind(py))?
             .is_truthy()?,
         on_cpu: platform == "cpu",
         complete: tiles.len() == map.num_tiles(),
@@ -640,8 +582,8 @@ unsafe fn array_bytes<'a>(array: &'a Bound<'_, PyUntypedArray>) -> (&'a [u8], St
 pub fn deleted_error(array: &Bound<'_, PyAny>) -> PyResult<PyErr> {
     let py = array.py();
     let shape = array
-        .getattr(intern!(py, "aval"))?
-        .call_method0(intern!(py, "str_short"))?;
+        .getattr(names(py).aval.bind(py))?
+        .call_method0(names(py).str_short.bind(py))?;
     Ok(Error::Runtime(format!("Array has been deleted with shape={shape}.").into()).into())
 }
 
@@ -659,7 +601,7 @@ pub fn get_host_value<'py>(x: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>>
         if x.get_type().is(h.arrays.ndarray.bind(py)) {
             return Ok(x.clone());
         }
-        return match x.getattr_opt(intern!(py, "__array__"))? {
+        return match x.getattr_opt(names(py).__array__.bind(py))? {
             Some(to_array) => to_array.call0(),
             None => Ok(x.clone()),
         };
@@ -673,7 +615,7 @@ pub fn get_host_value<'py>(x: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>>
         return Err(deleted_error(x)?);
     }
     let aval = h.arrays.array_aval.bind(py).call1((x,))?;
-    let dtype = aval.getattr(intern!(py, "dtype"))?;
+    let dtype = aval.getattr(names(py).dtype.bind(py))?;
     let descr = match dtype.cast::<PyArrayDescr>() {
         // Byte copies are only right for plain data: JAX converts extended dtypes (PRNG keys)
         // by their own rule, and StringDType items point into their array's own storage.
@@ -687,7 +629,7 @@ pub fn get_host_value<'py>(x: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>>
     if !cached.is_none() {
         return Ok(cached);
     }
-    let shape: Vec<usize> = aval.getattr(intern!(py, "shape"))?.extract()?;
+    let shape: Vec<usize> = aval.getattr(names(py).shape.bind(py))?.extract()?;
     if shape.contains(&0) {
         return empty_host_value(h, x, &shape, descr);
     }
@@ -824,7 +766,9 @@ fn empty_host_value<'py>(
     descr: &Bound<'py, PyArrayDescr>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let py = x.py();
-    if x.getattr(intern!(py, "is_fully_replicated"))?.is_truthy()? {
+    if x.getattr(names(py).is_fully_replicated.bind(py))?
+        .is_truthy()?
+    {
         return host_view(h, x);
     }
     let out = empty_array(shape, descr)?;
