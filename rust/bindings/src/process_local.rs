@@ -12,8 +12,7 @@ use pyo3::types::{PySlice, PyTuple};
 use crate::cache::BoundedCache;
 use crate::errors::{sharding_error, shown, Error};
 use crate::handles::names;
-use crate::index_maps::IndexedDevice;
-use crate::index_maps::{indexed_devices, shape_arg};
+use crate::index_maps::{indexed_devices, shape_arg, IndexedDevice};
 use crate::sharding::view;
 use crate::transfer::{host_value, id, put, PutPlan};
 

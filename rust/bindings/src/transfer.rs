@@ -10,13 +10,12 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyComplex, PyFloat, PyInt, PyList, PySlice, PyTuple};
 
 use crate::cache::BoundedCache;
+use crate::errors::{shown, Error};
 use crate::handles::{handles, names, Handles};
 use crate::host_memory::{empty_array, POOLED_BYTES};
 use crate::index_maps::{indexed_devices, IndexedDevice};
 use crate::shard_buffer::{spanned_bytes, ShardBuffer};
 use crate::stats::count_fallback;
-
-use crate::errors::{shown, Error};
 
 /// Identity of a Python object, valid while the cache entry holds a reference to it.
 pub fn id(obj: &Bound<'_, PyAny>) -> usize {
@@ -175,8 +174,8 @@ fn host_array<'py>(x: &Bound<'py, PyAny>) -> PyResult<(Bound<'py, PyAny>, bool)>
     let given = shown(x);
     Err(Error::Type(
         format!(
-            "Argument {given} of type {} is not a valid JAX type: expected a numpy array, a numpy \
-         scalar, a Python bool, int, float or complex, or a jax.Array",
+            "Argument {given} of type {} is not a valid JAX type: expected a numpy array, a \
+             numpy scalar, a Python bool, int, float or complex, or a jax.Array",
             x.get_type().name()?
         )
         .into(),
@@ -351,16 +350,13 @@ pub fn put<'py>(
     let h = handles(py)?;
     // On the CPU, jaxlib adopts aligned dense shards (ours when staged) and copies the rest,
     // which it does sooner when told that it must; elsewhere it copies everything.
-    let method = match &plan.staging {
-        Some(staging) => staging.method(&host_layout(untyped), POOLED_BYTES),
-        None => PutMethod::ZeroCopy,
-    };
-    let (shards, semantics) = match (method, &plan.staging) {
-        (PutMethod::Stage, Some(staging)) => {
-            (PyList::new(py, stage(untyped, staging)?)?, &h.zero_copy)
-        }
-        (PutMethod::Copy, _) => (slices(array, plan)?, &h.copy),
-        _ => (slices(array, plan)?, &h.zero_copy),
+    let (shards, semantics) = match &plan.staging {
+        Some(staging) => match staging.method(&host_layout(untyped), POOLED_BYTES) {
+            PutMethod::Stage => (PyList::new(py, stage(untyped, staging)?)?, &h.zero_copy),
+            PutMethod::ZeroCopy => (slices(array, plan)?, &h.zero_copy),
+            PutMethod::Copy => (slices(array, plan)?, &h.copy),
+        },
+        None => (slices(array, plan)?, &h.zero_copy),
     };
     batched_put(plan, sharding, shards, committed, semantics.bind(py))
 }
