@@ -353,3 +353,48 @@ static NAMES: PyOnceLock<Names> = PyOnceLock::new();
 pub fn names(py: Python<'_>) -> &Names {
     NAMES.get_or_init(py, || Names::new(py))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every handle and name resolves against the installed JAX: run with the project's
+    /// interpreter and packages (`make rust-test-bindings`).
+    #[test]
+    fn every_handle_is_fetched_and_every_name_interned() {
+        Python::initialize();
+        Python::attach(|py| {
+            let h = handles(py).expect("fastpjit._jax and JAX provide every handle");
+            assert!(h.jit_key_states.len() < MAX_STATES);
+            let n = names(py);
+            assert_eq!(
+                n.execute_sharded.bind(py).to_str().unwrap(),
+                "execute_sharded"
+            );
+            assert_eq!(n.__array__.bind(py).to_str().unwrap(), "__array__");
+            // An interned name is the same object each time.
+            assert!(n.dtype.bind(py).is(&PyString::intern(py, "dtype")));
+            // The private jaxlib methods that Rust calls exist on jaxlib's types.
+            let jax = py.import("jax").unwrap();
+            let treedef = jax
+                .getattr("tree")
+                .and_then(|tree| tree.call_method1("structure", ((1, 2),)))
+                .unwrap();
+            for name in [&n.node_data, &n.children, &n.num_nodes, &n.num_leaves] {
+                assert!(treedef.hasattr(name.bind(py)).unwrap(), "{name}");
+            }
+            let aval = jax
+                .getattr("numpy")
+                .and_then(|jnp| jnp.call_method1("zeros", (3,)))
+                .and_then(|x| x.getattr(n.aval.bind(py)))
+                .unwrap();
+            assert!(aval.hasattr(n.str_short.bind(py)).unwrap());
+            let spec = py
+                .import("jax.sharding")
+                .and_then(|s| s.getattr("PartitionSpec"))
+                .and_then(|p| p.call1(("x",)))
+                .unwrap();
+            assert!(spec.hasattr(n.partitions.bind(py)).unwrap());
+        });
+    }
+}
