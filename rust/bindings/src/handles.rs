@@ -373,7 +373,7 @@ mod tests {
             );
             assert_eq!(n.__array__.bind(py).to_str().unwrap(), "__array__");
             // An interned name is the same object each time.
-            assert!(n.dtype.bind(py).is(&PyString::intern(py, "dtype")));
+            assert!(n.dtype.bind(py).is(PyString::intern(py, "dtype")));
             // The private jaxlib methods that Rust calls exist on jaxlib's types.
             let jax = py.import("jax").unwrap();
             let treedef = jax
