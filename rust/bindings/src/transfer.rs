@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use fastpjit_core::strided::{assemble, Placement, StridedView};
-use fastpjit_core::transfer::{DistinctTiles, HostLayout, PutMethod, Staging};
+use fastpjit_core::transfer::{DistinctTiles, HostLayout, PutMethod, Staging, ADOPT_ALIGN};
 use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyComplex, PyFloat, PyInt, PyList, PySlice, PyTuple};
@@ -473,13 +473,12 @@ fn host_layout<'a>(array: &'a Bound<'_, PyUntypedArray>) -> HostLayout<'a> {
     }
 }
 
-/// A new C-ordered array of `shape` and `dtype` whose data starts on a 64-byte boundary, the
-/// alignment at which jaxlib adopts a host buffer instead of copying it.
+/// A new C-ordered array of `shape` and `dtype` whose data starts on an `ADOPT_ALIGN` boundary,
+/// where jaxlib adopts a host buffer instead of copying it.
 fn aligned_empty<'py>(
     shape: &[usize],
     dtype: &Bound<'py, PyArrayDescr>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    const ALIGN: usize = 64;
     let py = dtype.py();
     let nbytes = shape.iter().product::<usize>() * dtype.itemsize();
     if nbytes >= POOLED_BYTES {
@@ -489,9 +488,9 @@ fn aligned_empty<'py>(
     let raw = handles(py)?
         .empty
         .bind(py)
-        .call1((nbytes + ALIGN, names(py).uint8.bind(py)))?;
+        .call1((nbytes + ADOPT_ALIGN, names(py).uint8.bind(py)))?;
     let address = unsafe { (*raw.cast::<PyUntypedArray>()?.as_array_ptr()).fields.data } as usize;
-    let offset = (ALIGN - address % ALIGN) % ALIGN;
+    let offset = (ADOPT_ALIGN - address % ADOPT_ALIGN) % ADOPT_ALIGN;
     let bytes = raw.get_item(PySlice::new(
         py,
         offset as isize,
