@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
 export JAX_PLATFORMS ?= cpu
 
-.PHONY: demo serve test build venv rust-test py-test lint bench clean
+.PHONY: demo serve test build venv rust-test rust-test-bindings py-test lint bench clean
 
 demo: build
 	$(PY) examples/demo.py
@@ -17,7 +17,7 @@ demo: build
 serve: build
 	$(PY) examples/serve.py --devices 8
 
-test: build rust-test py-test
+test: build rust-test rust-test-bindings py-test
 
 venv: $(VENV)/.installed
 
@@ -36,6 +36,13 @@ build: venv
 
 rust-test:
 	cargo test --quiet
+
+# The bindings' tests embed the project's interpreter, with its packages and fastpjit on the
+# path; their own target folder keeps that build apart from maturin's.
+rust-test-bindings: build
+	PYO3_PYTHON=$(abspath $(PY)) \
+	PYTHONPATH=$$($(PY) -c 'import site; print(site.getsitepackages()[0])'):$(abspath python) \
+	CARGO_TARGET_DIR=target/bindings-test cargo test --quiet -p fastpjit-bindings
 
 py-test:
 	$(PY) -m pytest -q

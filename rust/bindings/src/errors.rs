@@ -1,11 +1,67 @@
-//! The one place where core errors become Python exceptions, each the type JAX raises for the
-//! same misuse.
+//! The one place where the bindings' errors become Python exceptions, each the type JAX raises
+//! for the same misuse.
 
-use fastpjit_core::ShardingError;
-use pyo3::exceptions::{PyNotImplementedError, PyValueError};
+use std::borrow::Cow;
+
+use fastpjit_core::strided::CopyError;
+use fastpjit_core::{LocalDataError, ShardingError};
+use pyo3::exceptions::{
+    PyMemoryError, PyNotImplementedError, PyOverflowError, PyRuntimeError, PyTypeError,
+    PyValueError,
+};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;
+
+use crate::handles::names;
+
+/// An error of the bindings outside the dispatcher, by the Python exception it becomes.
+#[derive(Debug)]
+pub enum Error {
+    /// An argument of the wrong type: `TypeError`.
+    Type(Cow<'static, str>),
+    /// An argument of the right type but a wrong value: `ValueError`.
+    Value(Cow<'static, str>),
+    /// A number too large for its destination: `OverflowError`.
+    Overflow(Cow<'static, str>),
+    /// What JAX does not define either: `NotImplementedError`.
+    NotImplemented(Cow<'static, str>),
+    /// Host memory that could not be had: `MemoryError`.
+    Memory(Cow<'static, str>),
+    /// A state of the runtime or of an array that forbids the operation: `RuntimeError`.
+    Runtime(Cow<'static, str>),
+    /// A host copy that failed its checks, while doing `what`: `RuntimeError`.
+    Copy { what: &'static str, err: CopyError },
+    /// Process-local data whose shape does not fit the sharding: `ValueError`.
+    LocalData(LocalDataError),
+}
+
+impl From<Error> for PyErr {
+    fn from(err: Error) -> Self {
+        match err {
+            Error::Type(message) => PyTypeError::new_err(message),
+            Error::Value(message) => PyValueError::new_err(message),
+            Error::Overflow(message) => PyOverflowError::new_err(message),
+            Error::NotImplemented(message) => PyNotImplementedError::new_err(message),
+            Error::Memory(message) => PyMemoryError::new_err(message),
+            Error::Runtime(message) => PyRuntimeError::new_err(message),
+            Error::Copy { what, err } => PyRuntimeError::new_err(format!("{what} failed: {err}")),
+            Error::LocalData(err) => PyValueError::new_err(err.to_string()),
+        }
+    }
+}
+
+impl From<LocalDataError> for Error {
+    fn from(err: LocalDataError) -> Self {
+        Self::LocalData(err)
+    }
+}
+
+/// `repr(obj)` for a message, or `?` where `repr` itself fails.
+pub fn shown(obj: &Bound<'_, PyAny>) -> String {
+    obj.repr()
+        .map_or_else(|_| "?".to_owned(), |r| r.to_string())
+}
 
 static INDIVISIBLE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static DUPLICATE_SPEC: PyOnceLock<Py<PyType>> = PyOnceLock::new();
@@ -48,7 +104,10 @@ pub fn sharding_error(
                 Ok(class) => {
                     let message = format!("{about}{err}");
                     let (mesh, spec) = subject.map_or((None, None), |s| {
-                        (s.getattr("mesh").ok(), s.getattr("spec").ok())
+                        (
+                            s.getattr(names(py).mesh.bind(py)).ok(),
+                            s.getattr(names(py).spec.bind(py)).ok(),
+                        )
                     });
                     match class.call1((message, mesh, spec)) {
                         Ok(instance) => PyErr::from_value(instance),
@@ -59,12 +118,14 @@ pub fn sharding_error(
             }
         }
         ShardingError::Rank { .. } => raise(&RANK, "ShardingRankError", format!("{about}{err}")),
-        ShardingError::Unsupported(_) => PyNotImplementedError::new_err(format!("{about}{err}")),
+        ShardingError::Unsupported(_) => {
+            Error::NotImplemented(format!("{about}{err}").into()).into()
+        }
         ShardingError::NoPlacement(_) => {
             raise(&NO_PLACEMENT, "NoPlacementError", format!("{about}{err}"))
         }
         ShardingError::UnknownAxis { .. }
         | ShardingError::Parse { .. }
-        | ShardingError::Invalid(_) => PyValueError::new_err(format!("{about}{err}")),
+        | ShardingError::Invalid(_) => Error::Value(format!("{about}{err}").into()).into(),
     }
 }

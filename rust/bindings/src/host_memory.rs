@@ -6,9 +6,10 @@ use std::ffi::c_int;
 use fastpjit_core::host_pool::{HostPool, Lease};
 use numpy::npyffi::{get_type_object, npy_intp, NpyTypes, NPY_ARRAY_CARRAY, PY_ARRAY_API};
 use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray};
-use pyo3::exceptions::{PyMemoryError, PyOverflowError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
+
+use crate::errors::Error;
 
 /// Arrays of at least this many bytes take their memory from the pool; numpy's allocator,
 /// which reuses small blocks itself, serves the rest.
@@ -36,14 +37,14 @@ pub fn empty_array<'py>(
         .iter()
         .map(|&d| npy_intp::try_from(d))
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|_| PyOverflowError::new_err("array dimension too large"))?;
+        .map_err(|_| Error::Overflow("array dimension too large".into()))?;
     let nbytes = shape
         .iter()
         .try_fold(descr.itemsize(), |n, &d| n.checked_mul(d))
-        .ok_or_else(|| PyOverflowError::new_err("array too large"))?;
+        .ok_or_else(|| Error::Overflow("array too large".into()))?;
     if nbytes < POOLED_BYTES {
-        let ndim = c_int::try_from(dims.len())
-            .map_err(|_| PyValueError::new_err("too many dimensions"))?;
+        let ndim =
+            c_int::try_from(dims.len()).map_err(|_| Error::Value("too many dimensions".into()))?;
         // SAFETY: PyArray_Empty steals the descr reference that `into_dtype_ptr` adds, and
         // reads `ndim` dimensions.
         let ptr = unsafe {
@@ -60,7 +61,7 @@ pub fn empty_array<'py>(
         return Ok(array.cast_into::<PyUntypedArray>()?);
     }
     let lease = HOST_POOL.take(nbytes).ok_or_else(|| {
-        PyMemoryError::new_err(format!("cannot allocate {nbytes} bytes of host memory"))
+        Error::Memory(format!("cannot allocate {nbytes} bytes of host memory").into())
     })?;
     let data = lease.as_mut_ptr();
     let owner = Bound::new(py, PooledMemory { _lease: lease })?.into_any();
@@ -68,7 +69,7 @@ pub fn empty_array<'py>(
     // a caller set `writeable` back on an array whose base chain ends in a writeable array, as
     // on the arrays that JAX returns.
     let mut len =
-        [npy_intp::try_from(nbytes).map_err(|_| PyOverflowError::new_err("array too large"))?];
+        [npy_intp::try_from(nbytes).map_err(|_| Error::Overflow("array too large".into()))?];
     let bytes = numpy::dtype::<u8>(py);
     // SAFETY: `data` spans `nbytes` writable bytes, aligned for any dtype, that `owner` keeps
     // alive, and `bytes` keeps `owner` alive (so does `array` keep `bytes`).
@@ -89,7 +90,7 @@ unsafe fn array_over<'py>(
 ) -> PyResult<Bound<'py, PyUntypedArray>> {
     let py = descr.py();
     let ndim =
-        c_int::try_from(dims.len()).map_err(|_| PyValueError::new_err("too many dimensions"))?;
+        c_int::try_from(dims.len()).map_err(|_| Error::Value("too many dimensions".into()))?;
     // SAFETY: the array takes the descr reference that `into_dtype_ptr` adds, and numpy
     // derives C-ordered strides when none are given.
     let ptr = unsafe {

@@ -4,12 +4,12 @@ use std::mem::MaybeUninit;
 
 use fastpjit_core::{HloSharding, IndexMap};
 use numpy::{PyArray3, PyArrayMethods};
-use pyo3::exceptions::{PyNotImplementedError, PyTypeError, PyValueError};
+use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PySlice, PyString, PyTuple};
-use pyo3::{ffi, intern};
 
-use crate::errors::sharding_error;
+use crate::errors::{sharding_error, shown, Error};
+use crate::handles::names;
 use crate::sharding::{view, ShardingView};
 
 /// The index map of `sharding` over `global_shape`, with its view; unreduced shardings
@@ -36,10 +36,14 @@ fn index_map<'py>(
         let about = sharding
             .repr()
             .map_or_else(|_| String::new(), |r| format!("{r}: "));
-        return Err(PyNotImplementedError::new_err(format!(
-            "{about}devices_indices_map is not defined for an unreduced sharding: its devices \
+        return Err(Error::NotImplemented(
+            format!(
+                "{about}devices_indices_map is not defined for an unreduced sharding: its devices \
              hold partial sums of their slices, whose sum is the array"
-        )));
+            )
+            .into(),
+        )
+        .into());
     }
     Ok((view, map))
 }
@@ -47,12 +51,11 @@ fn index_map<'py>(
 /// Reads `global_shape`, naming the argument when it is not a sequence of non-negative ints.
 pub fn shape_arg(global_shape: &Bound<'_, PyAny>) -> PyResult<Vec<usize>> {
     let bad = || {
-        let given = global_shape
-            .repr()
-            .map_or_else(|_| "?".to_owned(), |r| r.to_string());
-        PyTypeError::new_err(format!(
-            "global_shape must be a tuple of non-negative ints, got {given}"
-        ))
+        let given = shown(global_shape);
+        Error::Type(
+            format!("global_shape must be a tuple of non-negative ints, got {given}").into(),
+        )
+        .into()
     };
     if global_shape.is_instance_of::<PyString>() {
         return Err(bad());
@@ -65,10 +68,12 @@ pub fn shape_arg(global_shape: &Bound<'_, PyAny>) -> PyResult<Vec<usize>> {
 
 fn devices_of<'a, 'py>(view: &'a ShardingView<'py>) -> PyResult<&'a [Bound<'py, PyAny>]> {
     view.devices.as_deref().ok_or_else(|| {
-        PyValueError::new_err(
+        Error::Value(
             "the sharding's mesh is abstract and has no devices; use fastpjit.indices_array \
-             for per-position indices",
+             for per-position indices"
+                .into(),
         )
+        .into()
     })
 }
 
@@ -159,12 +164,14 @@ fn addressable_positions(py: Python<'_>, devices: &[Bound<'_, PyAny>]) -> PyResu
         return Ok(Vec::new());
     };
     let this_process: i64 = first
-        .getattr(intern!(py, "client"))?
-        .call_method0(intern!(py, "process_index"))?
+        .getattr(names(py).client.bind(py))?
+        .call_method0(names(py).process_index.bind(py))?
         .extract()?;
     let mut out = Vec::with_capacity(devices.len());
     for (position, device) in devices.iter().enumerate() {
-        let process: i64 = device.getattr(intern!(py, "process_index"))?.extract()?;
+        let process: i64 = device
+            .getattr(names(py).process_index.bind(py))?
+            .extract()?;
         if process == this_process {
             out.push(position);
         }
@@ -172,11 +179,12 @@ fn addressable_positions(py: Python<'_>, devices: &[Bound<'_, PyAny>]) -> PyResu
     Ok(out)
 }
 
-/// A device of a sharding with the index tuple of the slice it holds.
+/// A device of a sharding with the slice of the host array it holds: its index tuple, its
+/// bounds, and its tile id (devices with equal ids hold equal data).
 pub struct IndexedDevice<'py> {
     pub device: Bound<'py, PyAny>,
     pub index: Bound<'py, PyTuple>,
-    /// The tile id that the core's `IndexMap` gives this device's slice.
+    pub bounds: Vec<(usize, usize)>,
     pub tile: usize,
 }
 
@@ -214,6 +222,7 @@ pub fn indexed_devices<'py>(
             IndexedDevice {
                 device: devices[position].clone(),
                 index: indices.get(tile).clone(),
+                bounds: map.tile_bounds(tile).collect(),
                 tile,
             }
         })

@@ -3,9 +3,9 @@
 mod cache;
 mod dispatch;
 mod errors;
+mod handles;
 mod host_memory;
 mod index_maps;
-mod jax;
 mod module_text;
 mod process_local;
 mod shard_buffer;

@@ -2,8 +2,9 @@
 //! `fastpjit_core::module_precheck`): what XLA would abort or overflow its stack on.
 
 use fastpjit_core::module_precheck::{check_hlo_text, check_mlir_text};
-use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+
+use crate::errors::Error;
 
 /// Raises `ValueError`, naming the line, where XLA's parser of `text` (HLO text, or MLIR text
 /// where `mlir`) would crash the process instead of refusing it.
@@ -20,13 +21,17 @@ pub fn check_module_text(py: Python<'_>, text: &str, mlir: bool) -> PyResult<()>
     });
     match checked {
         Ok(Ok(())) => Ok(()),
-        Ok(Err(err)) => Err(PyValueError::new_err(format!(
-            "malformed {}: {err}",
-            if mlir { "MLIR module" } else { "HLO text" }
-        ))),
+        Ok(Err(err)) => Err(Error::Value(
+            format!(
+                "malformed {}: {err}",
+                if mlir { "MLIR module" } else { "HLO text" }
+            )
+            .into(),
+        )
+        .into()),
         // The checks are tested not to panic; should one, the text is refused all the same.
-        Err(_) => Err(PyValueError::new_err(
-            "malformed module: its text could not be checked",
-        )),
+        Err(_) => {
+            Err(Error::Value("malformed module: its text could not be checked".into()).into())
+        }
     }
 }

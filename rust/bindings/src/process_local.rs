@@ -3,18 +3,18 @@
 
 use std::sync::Arc;
 
+use fastpjit_core::error::python_tuple;
 use fastpjit_core::{local_blocks, process_block_counts, IndexMap};
 use numpy::{PyUntypedArray, PyUntypedArrayMethods};
-use pyo3::exceptions::{PyTypeError, PyValueError};
-use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PySlice, PyTuple};
 
 use crate::cache::BoundedCache;
-use crate::errors::sharding_error;
-use crate::index_maps::{indexed_devices, shape_arg};
+use crate::errors::{sharding_error, shown, Error};
+use crate::handles::names;
+use crate::index_maps::{indexed_devices, shape_arg, IndexedDevice};
 use crate::sharding::view;
-use crate::transfer::{host_value, id, put, PutPlan, Shard};
+use crate::transfer::{host_value, id, put, PutPlan};
 
 /// Plans keyed by (sharding, dtype, local shape, global shape if given).
 type LocalKey = (usize, usize, Vec<usize>, Option<Vec<usize>>);
@@ -36,9 +36,7 @@ pub fn make_array_from_process_local_leaf<'py>(
 ) -> PyResult<Bound<'py, PyAny>> {
     let value = host_value(local_data)?;
     if value.is_float0()? {
-        return Err(PyTypeError::new_err(
-            "local_data of dtype float0 has no data to place",
-        ));
+        return Err(Error::Type("local_data of dtype float0 has no data to place".into()).into());
     }
     let local_shape = value.array.cast::<PyUntypedArray>()?.shape().to_vec();
     let global_shape = global_shape.map(shape_arg).transpose()?;
@@ -77,8 +75,7 @@ fn local_plan(
         return Err(no_devices_here(sharding));
     }
     let tiles: Vec<usize> = devices.iter().map(|d| d.tile).collect();
-    let blocks = local_blocks(&map, &tiles, local_shape)
-        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    let blocks = local_blocks(&map, &tiles, local_shape).map_err(Error::from)?;
     let whole = blocks.iter().all(|block| {
         block
             .iter()
@@ -95,7 +92,7 @@ fn local_plan(
                     .iter()
                     .map(|&(start, stop)| PySlice::new(py, start as isize, stop as isize, 1)),
             )?;
-            Ok(Shard {
+            Ok(IndexedDevice {
                 device: d.device,
                 index,
                 bounds,
@@ -123,17 +120,18 @@ fn implied_global_shape(
     let py = sharding.py();
     let ndim = local_shape.len();
     let view = view(sharding, ndim)?;
-    let devices = view.devices.as_deref().ok_or_else(|| {
-        PyValueError::new_err("the sharding's mesh is abstract and has no devices")
-    })?;
+    let devices = view
+        .devices
+        .as_deref()
+        .ok_or_else(|| Error::Value("the sharding's mesh is abstract and has no devices".into()))?;
     let first = devices.first().ok_or_else(|| no_devices_here(sharding))?;
     let this_process: usize = first
-        .getattr(intern!(py, "client"))?
-        .call_method0(intern!(py, "process_index"))?
+        .getattr(names(py).client.bind(py))?
+        .call_method0(names(py).process_index.bind(py))?
         .extract()?;
     let processes = devices
         .iter()
-        .map(|d| d.getattr(intern!(py, "process_index"))?.extract())
+        .map(|d| d.getattr(names(py).process_index.bind(py))?.extract())
         .collect::<PyResult<Vec<usize>>>()?;
     if !processes.contains(&this_process) {
         return Err(no_devices_here(sharding));
@@ -155,23 +153,25 @@ fn implied_global_shape(
         .zip(local_shape)
         .map(|(count, &size)| count.map_or_else(|| "None".to_owned(), |c| (c * size).to_string()))
         .collect();
-    let partial = if partial.len() == 1 {
-        format!("({},)", partial[0])
-    } else {
-        format!("({})", partial.join(", "))
-    };
-    Err(PyValueError::new_err(format!(
-        "Unable to compute global_shape due to non-uniform sharding. Specify global shape \
+    let partial = python_tuple(&partial);
+    Err(Error::Value(
+        format!(
+            "Unable to compute global_shape due to non-uniform sharding. Specify global shape \
          directly. Partially computed global_shape={partial}."
-    )))
+        )
+        .into(),
+    )
+    .into())
 }
 
 fn no_devices_here(sharding: &Bound<'_, PyAny>) -> PyErr {
-    let shown = sharding
-        .repr()
-        .map_or_else(|_| "?".to_owned(), |r| r.to_string());
-    PyValueError::new_err(format!(
-        "make_array_from_process_local_data: sharding {shown} has no devices in this process, \
+    let shown = shown(sharding);
+    Error::Value(
+        format!(
+            "make_array_from_process_local_data: sharding {shown} has no devices in this process, \
          so there is nowhere to place its local data"
-    ))
+        )
+        .into(),
+    )
+    .into()
 }

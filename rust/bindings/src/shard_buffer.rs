@@ -7,8 +7,6 @@ use fastpjit_core::strided::StridedView;
 use pyo3::ffi;
 use pyo3::prelude::*;
 
-use crate::transfer::strided_bytes;
-
 /// A read-only buffer over a shard, released (and the shard's external reference with it)
 /// when dropped.
 pub struct ShardBuffer {
@@ -69,7 +67,7 @@ impl ShardBuffer {
         let itemsize = usize::try_from(self.view.itemsize).unwrap_or(0);
         // SAFETY: the exporter keeps the memory that its shape and strides span alive and
         // unchanged until the buffer is released, and `self` outlives the slice.
-        unsafe { strided_bytes(self.view.buf.cast::<u8>(), self.shape(), strides, itemsize) }
+        unsafe { spanned_bytes(self.view.buf.cast::<u8>(), self.shape(), strides, itemsize) }
     }
 }
 
@@ -79,4 +77,24 @@ impl Drop for ShardBuffer {
         // Every ShardBuffer is made and dropped with the GIL held (it is not Send).
         unsafe { ffi::PyBuffer_Release(&raw mut *self.view) };
     }
+}
+
+/// The bytes that an array at `data` of `shape` and byte `strides` spans, and a strided view
+/// over them.
+///
+/// # Safety
+/// That memory stays alive and unchanged while the slice is used.
+pub unsafe fn spanned_bytes<'a>(
+    data: *const u8,
+    shape: Vec<usize>,
+    strides: Vec<isize>,
+    itemsize: usize,
+) -> (&'a [u8], StridedView) {
+    let (view, len) = StridedView::spanning(shape, strides, itemsize);
+    if len == 0 {
+        return (&[], view);
+    }
+    // SAFETY: the array's elements reach `view.offset` bytes before `data` and `len` in all.
+    let bytes = std::slice::from_raw_parts(data.sub(view.offset), len);
+    (bytes, view)
 }

@@ -3,76 +3,19 @@
 
 use std::sync::Arc;
 
-use fastpjit_core::strided::{assemble, copy, Placement, StridedView};
+use fastpjit_core::strided::{assemble, Placement, StridedView};
+use fastpjit_core::transfer::{DistinctTiles, HostLayout, PutMethod, Staging, ADOPT_ALIGN};
 use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
-use pyo3::exceptions::{PyOverflowError, PyRuntimeError, PyTypeError, PyValueError};
-use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBool, PyComplex, PyFloat, PyInt, PyList, PySlice, PyString, PyTuple, PyType};
+use pyo3::types::{PyBool, PyComplex, PyFloat, PyInt, PyList, PySlice, PyTuple};
 
 use crate::cache::BoundedCache;
+use crate::errors::{shown, Error};
+use crate::handles::{handles, names, Handles};
 use crate::host_memory::{empty_array, POOLED_BYTES};
-use crate::index_maps::indexed_devices;
-use crate::jax::{arrays, attribute as get, interned, private, type_attribute as get_type, Arrays};
-use crate::shard_buffer::ShardBuffer;
+use crate::index_maps::{indexed_devices, IndexedDevice};
+use crate::shard_buffer::{spanned_bytes, ShardBuffer};
 use crate::stats::count_fallback;
-
-/// Python callables and types that the shard path uses, fetched once.
-struct Handles {
-    batched_device_put: Py<PyAny>,
-    /// `HostBufferSemantics` that let jaxlib adopt host memory, and that make it copy.
-    zero_copy: Py<PyAny>,
-    copy: Py<PyAny>,
-    device_put_aval: Py<PyAny>,
-    canonical_dtype: Py<PyAny>,
-    python_scalar_dtype: Py<PyAny>,
-    placement_sharding: Py<PyAny>,
-    copy_to_host_async: Py<PyAny>,
-    /// jaxlib's array type, getters of it, and numpy's types, shared with the dispatcher.
-    arrays: &'static Arrays,
-    /// A method of jaxlib's `ArrayImpl` called without an attribute lookup.
-    single_device_arrays: Py<PyAny>,
-    /// Attribute names of jaxlib's `ArrayImpl` (see `fastpjit._jax`).
-    to_host: Py<PyString>,
-    host_value: Py<PyString>,
-    empty: Py<PyAny>,
-    masked_array: Py<PyType>,
-    jax_array: Py<PyType>,
-    jax_device_put: Py<PyAny>,
-    jax_device_get: Py<PyAny>,
-    jax_config: Py<PyAny>,
-}
-
-static HANDLES: PyOnceLock<Handles> = PyOnceLock::new();
-
-fn handles(py: Python<'_>) -> PyResult<&Handles> {
-    HANDLES.get_or_try_init(py, || {
-        let jax = private(py)?;
-        let public_jax = py.import("jax")?;
-        let numpy = py.import("numpy")?;
-        Ok(Handles {
-            batched_device_put: get(jax, "batched_device_put")?,
-            zero_copy: get(jax, "HOST_BUFFER_ZERO_COPY")?,
-            copy: get(jax, "HOST_BUFFER_COPY")?,
-            device_put_aval: get(jax, "device_put_aval")?,
-            canonical_dtype: get(jax, "canonical_dtype")?,
-            python_scalar_dtype: get(jax, "python_scalar_dtype")?,
-            placement_sharding: get(jax, "placement_sharding")?,
-            copy_to_host_async: get(jax, "copy_to_host_async")?,
-            arrays: arrays(py)?,
-            single_device_arrays: get(jax, "array_single_device_arrays")?,
-            to_host: interned(jax, "ARRAY_TO_HOST")?,
-            host_value: interned(jax, "ARRAY_HOST_VALUE")?,
-            empty: get(&numpy, "empty")?,
-            masked_array: get_type(&py.import("numpy.ma")?, "MaskedArray")?,
-            jax_array: get_type(&public_jax, "Array")?,
-            jax_device_put: get(&public_jax, "device_put")?,
-            jax_device_get: get(&public_jax, "device_get")?,
-            jax_config: get(&public_jax, "config")?,
-        })
-    })
-}
 
 /// Identity of a Python object, valid while the cache entry holds a reference to it.
 pub fn id(obj: &Bound<'_, PyAny>) -> usize {
@@ -92,7 +35,7 @@ fn canonical_dtype<'py>(dtype: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>
     let x64 = h
         .jax_config
         .bind(py)
-        .getattr(intern!(py, "jax_enable_x64"))?
+        .getattr(names(py).jax_enable_x64.bind(py))?
         .is_truthy()?;
     let key = (id(dtype), x64);
     if let Some(entry) = CANONICAL_DTYPES.get(&key) {
@@ -114,85 +57,10 @@ pub struct PutPlan {
     /// The index of each device's shard, or `None` when every device holds the whole array.
     indices: Option<Vec<Py<PyTuple>>>,
     /// On the CPU, the tiles' layout, which decides how values are handed to jaxlib: staged
-    /// in buffers of our own when large, else adopted or copied by jaxlib.
+    /// in buffers of our own when large, else adopted or copied by jaxlib (see
+    /// `Staging::method`).
     staging: Option<Staging>,
 }
-
-/// Large host values bound for CPU devices are copied, once per distinct tile, into 64-byte-
-/// aligned buffers of our own (from the host pool when large) that jaxlib then adopts without
-/// copying again. Handed the user's array instead, jaxlib copies each tile once for every
-/// device that holds it, on one thread, into memory of its own.
-struct Staging {
-    /// Whether some devices hold the same tile.
-    shared_tiles: bool,
-    shard_shape: Vec<usize>,
-    /// The bounds of each distinct tile, and which of them each device holds.
-    tile_bounds: Vec<Vec<(usize, usize)>>,
-    tile_of_device: Vec<usize>,
-}
-
-impl Staging {
-    /// Whether staging `nbytes` beats jaxlib's own copies: where devices share tiles, jaxlib
-    /// copies a tile once per holder, where staging copies it once; and pooled tiles are
-    /// copied with several threads into memory that earlier transfers have already faulted in.
-    fn pays_off(&self, nbytes: usize) -> bool {
-        let tiles = self.tile_bounds.len();
-        nbytes >= STAGE_BYTES && (self.shared_tiles || nbytes / tiles >= POOLED_BYTES)
-    }
-
-    /// Whether jaxlib can adopt every tile of `array` as it is: C-ordered, each tile one
-    /// contiguous run starting on a 64-byte boundary. It then shares the user's memory, as
-    /// `jax.device_put` does, and staging would only add a copy.
-    fn adoptable(&self, array: &Bound<'_, PyUntypedArray>) -> bool {
-        if !array.is_c_contiguous() {
-            return false;
-        }
-        let (shape, strides) = (array.shape(), array.strides());
-        // SAFETY: reads the data pointer of a live array.
-        let base = unsafe { (*array.as_array_ptr()).fields.data } as usize;
-        self.tile_bounds.iter().all(|bounds| {
-            let mut split_seen = false;
-            let contiguous = bounds
-                .iter()
-                .zip(shape)
-                .rev()
-                .all(|(&(start, stop), &size)| {
-                    let ok = !split_seen || stop - start == 1;
-                    split_seen |= stop - start != size;
-                    ok
-                });
-            contiguous && (base as isize + tile_offset(bounds, strides)) % 64 == 0
-        })
-    }
-
-    /// Whether jaxlib 0.10.2 can be told to copy each device's slice of `array`: it fails
-    /// (`bad_function_call`) where two slices start at one address, as the slices of a tile
-    /// that several devices hold do, or those of a broadcast array.
-    fn copyable(&self, array: &Bound<'_, PyUntypedArray>) -> bool {
-        if self.shared_tiles {
-            return false;
-        }
-        let mut starts: Vec<isize> = self
-            .tile_bounds
-            .iter()
-            .map(|bounds| tile_offset(bounds, array.strides()))
-            .collect();
-        starts.sort_unstable();
-        starts.windows(2).all(|pair| pair[0] != pair[1])
-    }
-}
-
-/// Where the tile of `bounds` starts, in bytes from the start of an array of `strides`.
-fn tile_offset(bounds: &[(usize, usize)], strides: &[isize]) -> isize {
-    bounds
-        .iter()
-        .zip(strides)
-        .map(|(&(start, _), &stride)| start as isize * stride)
-        .sum()
-}
-
-/// Bytes from which a put to CPU devices is staged.
-const STAGE_BYTES: usize = 1 << 20;
 
 type PutKey = (usize, usize, bool, Vec<usize>);
 static PUT_PLANS: BoundedCache<PutKey, Arc<PutPlan>> = BoundedCache::new(512);
@@ -207,16 +75,7 @@ fn put_plan(
     if let Some(plan) = PUT_PLANS.get(&key) {
         return Ok(plan);
     }
-    let (map, devices) = indexed_devices(sharding, shape, true)?;
-    let shards: Vec<Shard<'_>> = devices
-        .into_iter()
-        .map(|d| Shard {
-            bounds: map.tile_bounds(d.tile).collect(),
-            device: d.device,
-            index: d.index,
-            tile: d.tile,
-        })
-        .collect();
+    let (map, shards) = indexed_devices(sharding, shape, true)?;
     let whole = map.num_tiles() <= 1;
     let plan = Arc::new(PutPlan::new(
         sharding,
@@ -231,15 +90,6 @@ fn put_plan(
     Ok(plan)
 }
 
-/// One device's part of a put: the device, the index of its block of the host array, the
-/// block's bounds, and the id of the tile it holds (devices with equal ids hold equal data).
-pub struct Shard<'py> {
-    pub device: Bound<'py, PyAny>,
-    pub index: Bound<'py, PyTuple>,
-    pub bounds: Vec<(usize, usize)>,
-    pub tile: usize,
-}
-
 impl PutPlan {
     /// The plan that puts a host array onto `sharding` as a global array of `global_shape`,
     /// each addressable device taking its shard's block of the host array; `whole`: every
@@ -250,7 +100,7 @@ impl PutPlan {
         global_shape: &[usize],
         dtype: &Bound<'_, PyAny>,
         weak_type: bool,
-        shards: &[Shard<'_>],
+        shards: &[IndexedDevice<'_>],
         shard_shape: &[usize],
         whole: bool,
     ) -> PyResult<Self> {
@@ -266,35 +116,15 @@ impl PutPlan {
             Some(first) => {
                 first
                     .device
-                    .getattr(intern!(py, "platform"))?
+                    .getattr(names(py).platform.bind(py))?
                     .extract::<String>()?
                     == "cpu"
             }
             None => false,
         };
-        let staging = on_cpu.then(|| {
-            let mut tiles: Vec<usize> = Vec::new();
-            let tile_of_device: Vec<usize> = shards
-                .iter()
-                .map(|s| {
-                    tiles.iter().position(|&t| t == s.tile).unwrap_or_else(|| {
-                        tiles.push(s.tile);
-                        tiles.len() - 1
-                    })
-                })
-                .collect();
-            Staging {
-                shared_tiles: tiles.len() < shards.len(),
-                shard_shape: shard_shape.to_vec(),
-                tile_bounds: tiles
-                    .iter()
-                    .map(|&t| {
-                        let first = shards.iter().find(|s| s.tile == t).expect("a holder");
-                        first.bounds.clone()
-                    })
-                    .collect(),
-                tile_of_device,
-            }
+        let staging = on_cpu.then(|| Staging {
+            tiles: DistinctTiles::new(shards.iter().map(|s| (s.tile, s.bounds.as_slice()))),
+            shard_shape: shard_shape.to_vec(),
         });
         Ok(Self {
             _pinned: (sharding.clone().unbind(), dtype.clone().unbind()),
@@ -312,10 +142,12 @@ fn host_array<'py>(x: &Bound<'py, PyAny>) -> PyResult<(Bound<'py, PyAny>, bool)>
     let h = handles(py)?;
     if x.is_instance(h.arrays.ndarray.bind(py))? {
         if x.is_instance(h.masked_array.bind(py))? {
-            return Err(PyValueError::new_err(
+            return Err(Error::Value(
                 "numpy masked arrays are not supported as direct inputs to JAX functions. Use \
-                 arr.filled() to convert the value to a standard numpy array.",
-            ));
+                 arr.filled() to convert the value to a standard numpy array."
+                    .into(),
+            )
+            .into());
         }
         return Ok((x.clone(), false));
     }
@@ -339,12 +171,16 @@ fn host_array<'py>(x: &Bound<'py, PyAny>) -> PyResult<(Bound<'py, PyAny>, bool)>
         }
         return Ok((h.arrays.asarray.bind(py).call1((x, dtype))?, true));
     }
-    let given = x.repr().map_or_else(|_| "?".to_owned(), |r| r.to_string());
-    Err(PyTypeError::new_err(format!(
-        "Argument {given} of type {} is not a valid JAX type: expected a numpy array, a numpy \
-         scalar, a Python bool, int, float or complex, or a jax.Array",
-        x.get_type().name()?
-    )))
+    let given = shown(x);
+    Err(Error::Type(
+        format!(
+            "Argument {given} of type {} is not a valid JAX type: expected a numpy array, a \
+             numpy scalar, a Python bool, int, float or complex, or a jax.Array",
+            x.get_type().name()?
+        )
+        .into(),
+    )
+    .into())
 }
 
 /// JAX's `OverflowError` for a Python int that `dtype` (int32, or int64 with x64) cannot hold;
@@ -357,9 +193,7 @@ fn check_int_fits(x: &Bound<'_, PyAny>, dtype: &Bound<'_, PyAny>) -> PyResult<()
     if fits {
         return Ok(());
     }
-    Err(PyOverflowError::new_err(format!(
-        "Python int {x} too large to convert to {dtype}"
-    )))
+    Err(Error::Overflow(format!("Python int {x} too large to convert to {dtype}").into()).into())
 }
 
 /// A host value as the numpy array that JAX places: canonical dtype, and whether it is weakly
@@ -380,12 +214,12 @@ impl HostValue<'_> {
 pub fn host_value<'py>(x: &Bound<'py, PyAny>) -> PyResult<HostValue<'py>> {
     let py = x.py();
     let (array, weak_type) = host_array(x)?;
-    let dtype = array.getattr(intern!(py, "dtype"))?;
+    let dtype = array.getattr(names(py).dtype.bind(py))?;
     let canonical = canonical_dtype(&dtype)?;
     let array = if canonical.is(&dtype) || canonical.eq(&dtype)? {
         array
     } else {
-        array.call_method1(intern!(py, "astype"), (&canonical,))?
+        array.call_method1(names(py).astype.bind(py), (&canonical,))?
     };
     Ok(HostValue {
         array,
@@ -513,26 +347,15 @@ pub fn put<'py>(
     let py = sharding.py();
     let array = &value.array;
     let untyped = array.cast::<PyUntypedArray>()?;
-    let itemsize = untyped.dtype().itemsize();
-    let nbytes = untyped.len() * itemsize;
     let h = handles(py)?;
     // On the CPU, jaxlib adopts aligned dense shards (ours when staged) and copies the rest,
     // which it does sooner when told that it must; elsewhere it copies everything.
     let (shards, semantics) = match &plan.staging {
-        Some(staging) => {
-            let adoptable = staging.adoptable(untyped);
-            if staging.pays_off(nbytes) && !adoptable {
-                let staged = PyList::new(py, stage(untyped, staging)?)?;
-                (staged, &h.zero_copy)
-            } else {
-                let semantics = if adoptable || !staging.copyable(untyped) {
-                    &h.zero_copy
-                } else {
-                    &h.copy
-                };
-                (slices(array, plan)?, semantics)
-            }
-        }
+        Some(staging) => match staging.method(&host_layout(untyped), POOLED_BYTES) {
+            PutMethod::Stage => (PyList::new(py, stage(untyped, staging)?)?, &h.zero_copy),
+            PutMethod::ZeroCopy => (slices(array, plan)?, &h.zero_copy),
+            PutMethod::Copy => (slices(array, plan)?, &h.copy),
+        },
         None => (slices(array, plan)?, &h.zero_copy),
     };
     batched_put(plan, sharding, shards, committed, semantics.bind(py))
@@ -604,49 +427,58 @@ fn stage<'py>(
     let dtype = array.dtype();
     let itemsize = dtype.itemsize();
     let buffers = staging
-        .tile_bounds
+        .tiles
+        .bounds
         .iter()
         .map(|_| aligned_empty(&staging.shard_shape, &dtype))
         .collect::<PyResult<Vec<_>>>()?;
     // SAFETY: `array` and the fresh `buffers` stay alive, and the buffers unshared, until the
     // copies finish; each buffer is a C-ordered array of the shard's shape.
     let (src, whole) = unsafe { array_bytes(array) };
-    let mut jobs = Vec::with_capacity(buffers.len());
-    for (buffer, bounds) in buffers.iter().zip(&staging.tile_bounds) {
-        let buffer = buffer.cast::<PyUntypedArray>()?;
-        let len = buffer.len() * itemsize;
-        let dst = unsafe {
-            std::slice::from_raw_parts_mut((*buffer.as_array_ptr()).fields.data.cast::<u8>(), len)
-        };
-        let block = whole
-            .block(bounds)
-            .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
-        jobs.push((
-            block,
-            dst,
-            StridedView::contiguous(&staging.shard_shape, itemsize),
-        ));
-    }
+    let mut dsts = buffers
+        .iter()
+        .map(|buffer| {
+            let buffer = buffer.cast::<PyUntypedArray>()?;
+            let len = buffer.len() * itemsize;
+            Ok(unsafe {
+                std::slice::from_raw_parts_mut(
+                    (*buffer.as_array_ptr()).fields.data.cast::<u8>(),
+                    len,
+                )
+            })
+        })
+        .collect::<PyResult<Vec<_>>>()?;
     let threads = copy_threads();
-    py.detach(|| {
-        jobs.into_iter()
-            .try_for_each(|(block, dst, view)| copy(src, &block, dst, &view, itemsize, threads))
-    })
-    .map_err(|e| PyRuntimeError::new_err(format!("staging the host value failed: {e}")))?;
+    py.detach(|| staging.stage(src, &whole, itemsize, &mut dsts, threads))
+        .map_err(|err| Error::Copy {
+            what: "staging the host value",
+            err,
+        })?;
     Ok(staging
+        .tiles
         .tile_of_device
         .iter()
         .map(|&t| buffers[t].clone())
         .collect())
 }
 
-/// A new C-ordered array of `shape` and `dtype` whose data starts on a 64-byte boundary, the
-/// alignment at which jaxlib adopts a host buffer instead of copying it.
+/// The layout of a numpy array's memory, in the core's terms.
+fn host_layout<'a>(array: &'a Bound<'_, PyUntypedArray>) -> HostLayout<'a> {
+    HostLayout {
+        // SAFETY: reads the data pointer of a live array.
+        address: unsafe { (*array.as_array_ptr()).fields.data } as usize,
+        shape: array.shape(),
+        strides: array.strides(),
+        itemsize: array.dtype().itemsize(),
+    }
+}
+
+/// A new C-ordered array of `shape` and `dtype` whose data starts on an `ADOPT_ALIGN` boundary,
+/// where jaxlib adopts a host buffer instead of copying it.
 fn aligned_empty<'py>(
     shape: &[usize],
     dtype: &Bound<'py, PyArrayDescr>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    const ALIGN: usize = 64;
     let py = dtype.py();
     let nbytes = shape.iter().product::<usize>() * dtype.itemsize();
     if nbytes >= POOLED_BYTES {
@@ -656,9 +488,9 @@ fn aligned_empty<'py>(
     let raw = handles(py)?
         .empty
         .bind(py)
-        .call1((nbytes + ALIGN, intern!(py, "uint8")))?;
+        .call1((nbytes + ADOPT_ALIGN, names(py).uint8.bind(py)))?;
     let address = unsafe { (*raw.cast::<PyUntypedArray>()?.as_array_ptr()).fields.data } as usize;
-    let offset = (ALIGN - address % ALIGN) % ALIGN;
+    let offset = (ADOPT_ALIGN - address % ADOPT_ALIGN) % ADOPT_ALIGN;
     let bytes = raw.get_item(PySlice::new(
         py,
         offset as isize,
@@ -666,16 +498,8 @@ fn aligned_empty<'py>(
         1,
     ))?;
     bytes
-        .call_method1(intern!(py, "view"), (dtype,))?
-        .call_method1(intern!(py, "reshape"), (PyTuple::new(py, shape)?,))
-}
-
-/// A distinct tile of a sharded array, read from its first holder.
-struct Tile {
-    /// The holder's position among the addressable devices (its index in `_arrays`).
-    first_holder: usize,
-    bounds: Vec<(usize, usize)>,
-    shape: Vec<usize>,
+        .call_method1(names(py).view.bind(py), (dtype,))?
+        .call_method1(names(py).reshape.bind(py), (PyTuple::new(py, shape)?,))
 }
 
 /// How `device_get` reads arrays of one sharding and shape.
@@ -683,7 +507,10 @@ struct GetPlan {
     _pinned: Py<PyAny>,
     /// Whether every device holds the whole array (the sharding's `is_fully_replicated`).
     fully_replicated: bool,
-    tiles: Vec<Tile>,
+    /// The distinct tiles, each read from its first holder (its position among the
+    /// addressable devices is its index in `_arrays`).
+    tiles: DistinctTiles,
+    tile_shapes: Vec<Vec<usize>>,
     /// Whether the addressable devices hold every tile (always, unless multi-process).
     complete: bool,
     /// Whether the shards live in host memory (CPU devices), where jaxlib lends their bytes
@@ -700,34 +527,24 @@ fn get_plan(sharding: &Bound<'_, PyAny>, shape: &[usize]) -> PyResult<Arc<GetPla
         return Ok(plan);
     }
     let py = sharding.py();
-    let (map, devices) = indexed_devices(sharding, shape, true)?;
-    let mut seen = vec![false; map.num_tiles()];
-    let mut tiles = Vec::new();
     // `indexed_devices` keeps device-assignment order, so position k is `_arrays[k]`.
-    for (k, device) in devices.iter().enumerate() {
-        if !std::mem::replace(&mut seen[device.tile], true) {
-            let bounds: Vec<(usize, usize)> = map.tile_bounds(device.tile).collect();
-            tiles.push(Tile {
-                first_holder: k,
-                shape: bounds.iter().map(|&(start, stop)| stop - start).collect(),
-                bounds,
-            });
-        }
-    }
+    let (map, devices) = indexed_devices(sharding, shape, true)?;
+    let tiles = DistinctTiles::new(devices.iter().map(|d| (d.tile, d.bounds.as_slice())));
     let platform = match devices.first() {
         Some(first) => first
             .device
-            .getattr(intern!(py, "platform"))?
+            .getattr(names(py).platform.bind(py))?
             .extract::<String>()?,
         None => String::new(),
     };
     let plan = Arc::new(GetPlan {
         _pinned: sharding.clone().unbind(),
         fully_replicated: sharding
-            .getattr(intern!(py, "is_fully_replicated"))?
+            .getattr(names(py).is_fully_replicated.bind(py))?
             .is_truthy()?,
         on_cpu: platform == "cpu",
-        complete: seen.iter().all(|&s| s),
+        complete: tiles.len() == map.num_tiles(),
+        tile_shapes: (0..tiles.len()).map(|t| tiles.shape(t)).collect(),
         tiles,
     });
     GET_PLANS.insert(key, plan.clone());
@@ -748,54 +565,11 @@ fn copy_threads() -> usize {
 /// The slice borrows the array's memory: the caller keeps `array` alive, and nothing may
 /// resize it, while the slice is used.
 unsafe fn array_bytes<'a>(array: &'a Bound<'_, PyUntypedArray>) -> (&'a [u8], StridedView) {
-    let data = (*array.as_array_ptr()).fields.data.cast::<u8>();
-    strided_bytes(
-        data,
+    spanned_bytes(
+        (*array.as_array_ptr()).fields.data.cast::<u8>(),
         array.shape().to_vec(),
         array.strides().to_vec(),
         array.dtype().itemsize(),
-    )
-}
-
-/// The bytes that an array at `data` of `shape` and byte `strides` spans, and a strided view
-/// over them.
-///
-/// # Safety
-/// That memory stays alive and unchanged while the slice is used.
-pub unsafe fn strided_bytes<'a>(
-    data: *const u8,
-    shape: Vec<usize>,
-    strides: Vec<isize>,
-    itemsize: usize,
-) -> (&'a [u8], StridedView) {
-    if shape.contains(&0) {
-        return (
-            &[],
-            StridedView {
-                offset: 0,
-                shape,
-                strides,
-            },
-        );
-    }
-    let (mut lo, mut hi) = (0isize, 0isize);
-    for (&size, &stride) in shape.iter().zip(&strides) {
-        let reach = (size as isize - 1) * stride;
-        if reach < 0 {
-            lo += reach;
-        } else {
-            hi += reach;
-        }
-    }
-    let len = (hi - lo) as usize + itemsize;
-    let bytes = std::slice::from_raw_parts(data.offset(lo), len);
-    (
-        bytes,
-        StridedView {
-            offset: lo.unsigned_abs(),
-            shape,
-            strides,
-        },
     )
 }
 
@@ -803,11 +577,9 @@ pub unsafe fn strided_bytes<'a>(
 pub fn deleted_error(array: &Bound<'_, PyAny>) -> PyResult<PyErr> {
     let py = array.py();
     let shape = array
-        .getattr(intern!(py, "aval"))?
-        .call_method0(intern!(py, "str_short"))?;
-    Ok(PyRuntimeError::new_err(format!(
-        "Array has been deleted with shape={shape}."
-    )))
+        .getattr(names(py).aval.bind(py))?
+        .call_method0(names(py).str_short.bind(py))?;
+    Ok(Error::Runtime(format!("Array has been deleted with shape={shape}.").into()).into())
 }
 
 /// The numpy value of a jax.Array, equal to `np.asarray(x)`; other values come back as
@@ -824,7 +596,7 @@ pub fn get_host_value<'py>(x: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>>
         if x.get_type().is(h.arrays.ndarray.bind(py)) {
             return Ok(x.clone());
         }
-        return match x.getattr_opt(intern!(py, "__array__"))? {
+        return match x.getattr_opt(names(py).__array__.bind(py))? {
             Some(to_array) => to_array.call0(),
             None => Ok(x.clone()),
         };
@@ -838,7 +610,7 @@ pub fn get_host_value<'py>(x: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>>
         return Err(deleted_error(x)?);
     }
     let aval = h.arrays.array_aval.bind(py).call1((x,))?;
-    let dtype = aval.getattr(intern!(py, "dtype"))?;
+    let dtype = aval.getattr(names(py).dtype.bind(py))?;
     let descr = match dtype.cast::<PyArrayDescr>() {
         // Byte copies are only right for plain data: JAX converts extended dtypes (PRNG keys)
         // by their own rule, and StringDType items point into their array's own storage.
@@ -852,7 +624,7 @@ pub fn get_host_value<'py>(x: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>>
     if !cached.is_none() {
         return Ok(cached);
     }
-    let shape: Vec<usize> = aval.getattr(intern!(py, "shape"))?.extract()?;
+    let shape: Vec<usize> = aval.getattr(names(py).shape.bind(py))?.extract()?;
     if shape.contains(&0) {
         return empty_host_value(h, x, &shape, descr);
     }
@@ -862,13 +634,15 @@ pub fn get_host_value<'py>(x: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>>
         return host_view(h, x);
     }
     if !plan.complete {
-        return Err(PyRuntimeError::new_err(
+        return Err(Error::Runtime(
             "Fetching value for `jax.Array` that spans non-addressable (non process local) \
              devices is not possible. You can use \
              `jax.experimental.multihost_utils.process_allgather` to print the global array or \
              use `.addressable_shards` method of jax.Array to inspect the addressable (process \
-             local) shards.",
-        ));
+             local) shards."
+                .into(),
+        )
+        .into());
     }
     let out = assemble_shards(h, x, &plan, &shape, descr)?;
     x.setattr(h.host_value.bind(py), &out)?;
@@ -895,8 +669,9 @@ fn assemble_shards<'py>(
     let singles = h.single_device_arrays.bind(py).call1((x,))?;
     let sources = plan
         .tiles
+        .first_holder
         .iter()
-        .map(|tile| singles.get_item(tile.first_holder))
+        .map(|&holder| singles.get_item(holder))
         .collect::<PyResult<Vec<_>>>()?;
     if !plan.on_cpu {
         // Start every device-to-host copy before waiting on the first.
@@ -908,10 +683,10 @@ fn assemble_shards<'py>(
     let lendable = plan.on_cpu && has_plain_bytes(descr);
     let shards = sources
         .iter()
-        .zip(&plan.tiles)
-        .map(|(single, tile)| {
+        .zip(&plan.tile_shapes)
+        .map(|(single, shape)| {
             if lendable {
-                if let Some(buffer) = ShardBuffer::get(single, &tile.shape, itemsize) {
+                if let Some(buffer) = ShardBuffer::get(single, shape, itemsize) {
                     return Ok(ShardBytes::Lent(buffer));
                 }
             }
@@ -925,8 +700,8 @@ fn assemble_shards<'py>(
     // until the copies finish; `out` is a fresh C-ordered array of `nbytes` bytes.
     let placements = shards
         .iter()
-        .zip(&plan.tiles)
-        .map(|(shard, tile)| {
+        .zip(&plan.tiles.bounds)
+        .map(|(shard, bounds)| {
             let (src, view) = match shard {
                 ShardBytes::Lent(buffer) => buffer.bytes(),
                 ShardBytes::Viewed(view) => unsafe { array_bytes(view) },
@@ -934,7 +709,7 @@ fn assemble_shards<'py>(
             Placement {
                 src,
                 view,
-                bounds: tile.bounds.clone(),
+                bounds: bounds.clone(),
             }
         })
         .collect::<Vec<_>>();
@@ -948,8 +723,10 @@ fn assemble_shards<'py>(
     } else {
         run(dst)
     };
-    copied
-        .map_err(|e| PyRuntimeError::new_err(format!("assembling the host value failed: {e}")))?;
+    copied.map_err(|err| Error::Copy {
+        what: "assembling the host value",
+        err,
+    })?;
     drop(placements);
     drop(shards);
     set_read_only(&out);
@@ -984,7 +761,9 @@ fn empty_host_value<'py>(
     descr: &Bound<'py, PyArrayDescr>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let py = x.py();
-    if x.getattr(intern!(py, "is_fully_replicated"))?.is_truthy()? {
+    if x.getattr(names(py).is_fully_replicated.bind(py))?
+        .is_truthy()?
+    {
         return host_view(h, x);
     }
     let out = empty_array(shape, descr)?;

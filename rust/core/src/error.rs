@@ -95,13 +95,13 @@ impl fmt::Display for ShardingError {
 
 impl std::error::Error for ShardingError {}
 
-/// Formats a shape the way Python prints a tuple, so messages read like JAX's.
-pub fn python_tuple(shape: &[usize]) -> String {
-    match shape {
+/// Formats items the way Python prints a tuple of them, so messages read like JAX's.
+pub fn python_tuple<T: std::fmt::Display>(items: &[T]) -> String {
+    match items {
         [one] => format!("({one},)"),
         _ => format!(
             "({})",
-            shape
+            items
                 .iter()
                 .map(ToString::to_string)
                 .collect::<Vec<_>>()

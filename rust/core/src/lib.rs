@@ -18,6 +18,7 @@ pub mod module_precheck;
 pub mod process_local;
 pub mod strided;
 pub mod tile;
+pub mod transfer;
 
 pub use delegation::{Delegation, HitInputs};
 pub use error::ShardingError;

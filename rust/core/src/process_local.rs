@@ -8,6 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
+use crate::error::python_tuple;
 use crate::index_map::IndexMap;
 
 /// Local data whose shape does not fit the sharding.
@@ -33,8 +34,8 @@ impl fmt::Display for LocalDataError {
             Self::Rank { local, global } => write!(
                 f,
                 "local_data has shape {} and global_shape {}: they must have the same rank",
-                tuple(local),
-                tuple(global)
+                python_tuple(local),
+                python_tuple(global)
             ),
             Self::Extent {
                 dim,
@@ -46,27 +47,13 @@ impl fmt::Display for LocalDataError {
                 "Invalid host data: each dimension of local_data must be the global extent or \
                  the extent that this process addresses. In dimension {dim}, local_data has \
                  {local} elements; the process addresses {process} and global_shape={}",
-                tuple(global)
+                python_tuple(global)
             ),
         }
     }
 }
 
 impl std::error::Error for LocalDataError {}
-
-fn tuple(shape: &[usize]) -> String {
-    match shape {
-        [one] => format!("({one},)"),
-        _ => format!(
-            "({})",
-            shape
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-    }
-}
 
 /// Per dimension, how many distinct blocks the processes hold between them (the factor from
 /// local to global extent), or `None` where the sharding is not process-uniform: where

@@ -90,18 +90,43 @@ impl StridedView {
         if self.num_elements() == 0 {
             return Ok(None);
         }
-        let (mut lo, mut hi) = (self.offset as isize, self.offset as isize);
+        let (below, above) = self.reach();
+        let lo = usize::try_from(self.offset as isize + below)
+            .map_err(|_| CopyError("a view reaches before its buffer".to_owned()))?;
+        Ok(Some((lo, self.offset + above + itemsize)))
+    }
+
+    /// How far the elements reach before and after the first one, in bytes (negative strides
+    /// reach before it).
+    fn reach(&self) -> (isize, usize) {
+        let (mut below, mut above) = (0isize, 0usize);
         for (&size, &stride) in self.shape.iter().zip(&self.strides) {
             let reach = (size as isize - 1) * stride;
             if reach < 0 {
-                lo += reach;
+                below += reach;
             } else {
-                hi += reach;
+                above += reach as usize;
             }
         }
-        let lo = usize::try_from(lo)
-            .map_err(|_| CopyError("a view reaches before its buffer".to_owned()))?;
-        Ok(Some((lo, hi as usize + itemsize)))
+        (below, above)
+    }
+
+    /// The view of an array of `shape` and byte `strides` within the bytes it spans, and their
+    /// number: the array's first element sits `offset` bytes into them (past the elements that
+    /// negative strides put before it).
+    pub fn spanning(shape: Vec<usize>, strides: Vec<isize>, itemsize: usize) -> (Self, usize) {
+        let mut view = Self {
+            offset: 0,
+            shape,
+            strides,
+        };
+        if view.num_elements() == 0 {
+            return (view, 0);
+        }
+        let (below, above) = view.reach();
+        view.offset = below.unsigned_abs();
+        let len = view.offset + above + itemsize;
+        (view, len)
     }
 
     fn check_within(&self, len: usize, itemsize: usize, what: &str) -> Result<(), CopyError> {
@@ -225,8 +250,7 @@ pub fn copy(
     unsafe {
         run_shared(
             std::slice::from_ref(&plan),
-            &[SendPtr(src.as_ptr().cast_mut())],
-            SendPtr(dst.as_mut_ptr()),
+            &[(SendPtr(src.as_ptr().cast_mut()), SendPtr(dst.as_mut_ptr()))],
             threads,
         );
     }
@@ -238,12 +262,13 @@ pub fn copy(
 /// shares would leave them waiting for all of its share.
 const UNIT_BYTES: usize = 2 << 20;
 
-/// Runs `plans` (each from its source into `dst`) on up to `max_threads` threads (at most 16),
-/// the calling thread one of them, in units of about `UNIT_BYTES` claimed in turn.
+/// Runs `plans` (each from its source into its destination, paired in `buffers`) on up to
+/// `max_threads` threads (at most 16), the calling thread one of them, in units of about
+/// `UNIT_BYTES` claimed in turn.
 ///
 /// # Safety
-/// Each plan was checked against its source and `dst`, and no two write the same byte.
-unsafe fn run_shared(plans: &[Plan], sources: &[SendPtr], dst: SendPtr, max_threads: usize) {
+/// Each plan was checked against its buffers, and no two write the same byte.
+unsafe fn run_shared(plans: &[Plan], buffers: &[(SendPtr, SendPtr)], max_threads: usize) {
     let mut units: Vec<(usize, std::ops::Range<usize>)> = Vec::new();
     for (i, plan) in plans.iter().enumerate() {
         let outer = plan.shape.first().copied().unwrap_or(1);
@@ -260,7 +285,8 @@ unsafe fn run_shared(plans: &[Plan], sources: &[SendPtr], dst: SendPtr, max_thre
         while let Some((i, outer)) = units.get(next.fetch_add(1, Ordering::Relaxed)) {
             // SAFETY: per this function's contract; units are disjoint outer slices of plans
             // that write disjoint bytes.
-            unsafe { plans[*i].run(sources[*i].get(), dst.get(), outer.clone()) };
+            let (src, dst) = buffers[*i];
+            unsafe { plans[*i].run(src.get(), dst.get(), outer.clone()) };
         }
     };
     if threads <= 1 {
@@ -340,13 +366,62 @@ pub fn assemble(
             )
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let sources: Vec<SendPtr> = placements
+    let buffers: Vec<(SendPtr, SendPtr)> = placements
         .iter()
-        .map(|p| SendPtr(p.src.as_ptr().cast_mut()))
+        .map(|p| {
+            (
+                SendPtr(p.src.as_ptr().cast_mut()),
+                SendPtr(dst.as_mut_ptr()),
+            )
+        })
         .collect();
     // SAFETY: each plan was checked against its buffers, and the blocks are disjoint.
     unsafe {
-        run_shared(&plans, &sources, SendPtr(dst.as_mut_ptr()), max_threads);
+        run_shared(&plans, &buffers, max_threads);
+    }
+    Ok(())
+}
+
+/// Copies block `blocks[i]` of `src_view` over `src` into `dsts[i]`, C-ordered: the inverse of
+/// `assemble`. Large work is shared by up to `max_threads` threads, in units of rows.
+pub fn scatter(
+    src: &[u8],
+    src_view: &StridedView,
+    itemsize: usize,
+    blocks: &[Vec<(usize, usize)>],
+    dsts: &mut [&mut [u8]],
+    max_threads: usize,
+) -> Result<(), CopyError> {
+    if blocks.len() != dsts.len() {
+        return Err(CopyError(format!(
+            "{} blocks scattered into {} destinations",
+            blocks.len(),
+            dsts.len()
+        )));
+    }
+    let plans = blocks
+        .iter()
+        .zip(dsts.iter())
+        .map(|(bounds, dst)| {
+            let block = src_view.block(bounds)?;
+            let into = StridedView::contiguous(&block.shape, itemsize);
+            plan(src.len(), &block, dst.len(), &into, itemsize)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let total: usize = plans.iter().map(Plan::bytes).sum();
+    let threads = if total >= PARALLEL_BYTES {
+        max_threads
+    } else {
+        1
+    };
+    let buffers: Vec<(SendPtr, SendPtr)> = dsts
+        .iter_mut()
+        .map(|dst| (SendPtr(src.as_ptr().cast_mut()), SendPtr(dst.as_mut_ptr())))
+        .collect();
+    // SAFETY: each plan was checked against its buffers; the destinations are distinct
+    // mutable slices, so no two plans write the same byte.
+    unsafe {
+        run_shared(&plans, &buffers, threads);
     }
     Ok(())
 }

@@ -17,8 +17,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 use pyo3::PyTraverseError;
 
-use super::handles::handles;
 use super::{BoundPath, JitFunction};
+use crate::handles::handles;
 
 #[pyclass(module = "fastpjit._core", subclass, frozen)]
 pub struct BoundFunction {

@@ -7,7 +7,7 @@
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
-use super::handles::Handles;
+use crate::handles::Handles;
 
 /// How many states the jit key may read besides the trace context.
 pub const MAX_STATES: usize = 8;

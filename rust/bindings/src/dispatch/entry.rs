@@ -11,16 +11,15 @@ use numpy::npyffi::{NPY_ORDER, PY_ARRAY_API};
 use numpy::{PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::gc::PyVisit;
-use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyComplex, PyFloat, PyInt, PyList, PyTuple, PyWeakrefReference};
 use pyo3::PyTraverseError;
 
-use super::handles::Handles;
 use super::leaf::{refers_to, HostKind, LiveLeaf, ScalarKind};
 use super::miss::{Conversion, FastPath};
 use super::signature::{CallSignature, LeafKey, LiveCall};
 use super::tree::Tree;
+use crate::handles::{names, Handles};
 use crate::process_local::make_array_from_process_local_leaf;
 use crate::transfer::{deleted_error, HostInput};
 
@@ -67,7 +66,7 @@ impl Input {
         donated: bool,
     ) -> PyResult<Self> {
         let py = leaf.py();
-        let ndim = leaf.getattr(intern!(py, "ndim"))?;
+        let ndim = leaf.getattr(names(py).ndim.bind(py))?;
         let (how, copy): (String, Option<CopyTargets>) = h
             .array_input
             .bind(py)
@@ -76,7 +75,7 @@ impl Input {
         Ok(match (how.as_str(), copy) {
             ("pass", _) => Self::Pass,
             ("copy", Some(targets)) => {
-                let nbytes: usize = leaf.getattr(intern!(py, "nbytes"))?.extract()?;
+                let nbytes: usize = leaf.getattr(names(py).nbytes.bind(py))?.extract()?;
                 Self::Copy(CopyInput {
                     targets,
                     latest: (!donated && nbytes <= KEPT_COPY_BYTES).then(Mutex::default),
@@ -197,25 +196,29 @@ impl Entry {
         for sharding in &fast.in_shardings {
             let devices: usize = sharding
                 .bind(py)
-                .getattr(intern!(py, "num_devices"))?
+                .getattr(names(py).num_devices.bind(py))?
                 .extract()?;
             multi_device |= devices > 1;
         }
         let out_treedef = fast.out_treedef.bind(py);
-        let leaf_count: usize = out_treedef.getattr(intern!(py, "num_leaves"))?.extract()?;
-        let node_count: usize = out_treedef.getattr(intern!(py, "num_nodes"))?.extract()?;
+        let leaf_count: usize = out_treedef
+            .getattr(names(py).num_leaves.bind(py))?
+            .extract()?;
+        let node_count: usize = out_treedef
+            .getattr(names(py).num_nodes.bind(py))?
+            .extract()?;
         let outputs = if leaf_count == 1 && node_count == 1 {
             Outputs::Leaf
         } else if let Some(tree) = Tree::of_builtin_treedef(out_treedef)? {
             Outputs::Builtin(tree)
         } else {
-            Outputs::Unflatten(out_treedef.getattr(intern!(py, "unflatten"))?.unbind())
+            Outputs::Unflatten(out_treedef.getattr(names(py).unflatten.bind(py))?.unbind())
         };
         Ok(Self {
             execute_sharded: fast
                 .executable
                 .bind(py)
-                .getattr(intern!(py, "execute_sharded"))?
+                .getattr(names(py).execute_sharded.bind(py))?
                 .unbind(),
             outputs,
             out_handlers: fast.out_handlers.clone_ref(py),
@@ -300,8 +303,8 @@ impl Entry {
                         inputs.push(h.rewrap.bind(py).call1((leaf, aval, sharding))?);
                     }
                     Input::ProcessLocal(aval, sharding) => {
-                        let shape = aval.bind(py).getattr(intern!(py, "shape"))?;
-                        let dtype = aval.bind(py).getattr(intern!(py, "dtype"))?;
+                        let shape = aval.bind(py).getattr(names(py).shape.bind(py))?;
+                        let dtype = aval.bind(py).getattr(names(py).dtype.bind(py))?;
                         let local = h.arrays.asarray.bind(py).call1((leaf, dtype))?;
                         inputs.push(make_array_from_process_local_leaf(
                             &local,
@@ -516,8 +519,8 @@ fn check_live(h: &Handles, array: &Bound<'_, PyAny>, position: usize) -> PyResul
         return Err(deleted_error(array)?);
     }
     let shape = array
-        .getattr(intern!(py, "aval"))?
-        .call_method0(intern!(py, "str_short"))?;
+        .getattr(names(py).aval.bind(py))?
+        .call_method0(names(py).str_short.bind(py))?;
     Err(PyValueError::new_err(format!(
         "Invalid buffer passed as argument {position} (flattened): the array of shape={shape} \
          was donated to an earlier computation, so its buffer has been deleted or donated."
@@ -543,7 +546,8 @@ impl CopyInput {
         if let Some(copy) = kept {
             let copy = copy.into_bound(py);
             // `jax.live_arrays()` can reach the copy and delete it; then it is copied anew.
-            if !h.transfers_guarded(intern!(py, "device_to_device"))? && !is_deleted(h, &copy)? {
+            if !h.transfers_guarded(names(py).device_to_device.bind(py))? && !is_deleted(h, &copy)?
+            {
                 return Ok(copy);
             }
         }

@@ -11,13 +11,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::gc::PyVisit;
-use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyComplex, PyFloat, PyInt, PyTuple, PyWeakrefReference};
 use pyo3::PyTraverseError;
 use rustc_hash::{FxBuildHasher, FxHashMap, FxHasher};
 
-use super::handles::Handles;
+use crate::handles::{names, Handles};
 
 /// A Python scalar's type; JAX gives bool no weak type and the others a weak one.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
@@ -112,7 +111,7 @@ impl<'py> LiveLeaf<'py> {
         }
         if leaf.is_instance(h.arrays.numpy_scalar.bind(py))? {
             let descr = leaf
-                .getattr(intern!(py, "dtype"))?
+                .getattr(names(py).dtype.bind(py))?
                 .cast_into::<PyArrayDescr>()?;
             return Ok(DtypeKey::of(&descr).map(|dtype| Self::Host {
                 dtype,
@@ -390,7 +389,7 @@ impl AvalValue {
     pub fn of(aval: &Bound<'_, PyAny>) -> PyResult<Option<Self>> {
         let py = aval.py();
         let Ok(descr) = aval
-            .getattr(intern!(py, "dtype"))?
+            .getattr(names(py).dtype.bind(py))?
             .cast_into::<PyArrayDescr>()
         else {
             return Ok(None);
@@ -399,11 +398,11 @@ impl AvalValue {
             return Ok(None);
         };
         let shape: Box<[i64]> = aval
-            .getattr(intern!(py, "shape"))?
+            .getattr(names(py).shape.bind(py))?
             .cast_into::<PyTuple>()?
             .extract::<Vec<i64>>()?
             .into();
-        let weak_type = aval.getattr(intern!(py, "weak_type"))?.is_truthy()?;
+        let weak_type = aval.getattr(names(py).weak_type.bind(py))?.is_truthy()?;
         let mut hasher = FxHasher::default();
         (dtype, &shape, weak_type).hash(&mut hasher);
         Ok(Some(Self {

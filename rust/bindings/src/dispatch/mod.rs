@@ -12,7 +12,6 @@
 mod bound;
 mod context;
 mod entry;
-mod handles;
 mod leaf;
 mod miss;
 mod signature;
@@ -30,11 +29,12 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString, PyTuple};
 use pyo3::PyTraverseError;
 
+use crate::handles::{handles, Handles};
 use crate::stats::{Counter, FunctionStats};
 pub use bound::BoundFunction;
 use context::LiveContext;
+pub(crate) use context::MAX_STATES;
 use entry::{Entry, Took};
-use handles::{handles, Handles};
 use leaf::{LiveLeaf, SeenArrays};
 pub use miss::{CacheMiss, FastPath};
 use signature::{CallSignature, LeafKey, LiveCall, StaticArgs, Unkeyable};

@@ -20,12 +20,12 @@ use pyo3::PyTraverseError;
 use rustc_hash::FxHasher;
 
 use super::context::{Context, LiveContext};
-use super::handles::Handles;
 use super::leaf::{
     array_hashes, aval_value, host_shape, sharding_id, AvalValue, DtypeKey, HostKind, LiveLeaf,
     ScalarKind, ShardingId,
 };
 use super::tree::Tree;
+use crate::handles::Handles;
 
 /// Which arguments are static, as the jitted function declares them.
 pub struct StaticArgs {

@@ -14,15 +14,14 @@ use std::sync::{Arc, LazyLock};
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::ffi;
 use pyo3::gc::PyVisit;
-use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple, PyType};
 use pyo3::PyTraverseError;
 use rustc_hash::{FxHashMap, FxHasher};
 
-use super::handles::Handles;
 use super::signature::Unkeyable;
 use crate::cache::BoundedCache;
+use crate::handles::{names, Handles};
 
 /// How deeply containers may nest in a tree read here. Reading a tree recurses, as do
 /// flattening a call against it and building outputs from it; a deeper tree is left to JAX,
@@ -333,9 +332,7 @@ fn derive_into<'py>(
         return derive_all(h, list.iter(), nodes, leaves, depth + 1);
     }
     if let Ok(dict) = value.cast_exact::<PyDict>() {
-        let sorted = py
-            .import(intern!(py, "builtins"))?
-            .getattr(intern!(py, "sorted"))?;
+        let sorted = h.sorted.bind(py);
         // Keys that do not sort (mixed types) are left to JAX's registry below.
         if let Ok(keys) = sorted.call1((dict,)) {
             let keys = keys.cast_into::<PyList>()?;
@@ -464,14 +461,14 @@ fn builtin_nodes(
     if depth >= MAX_DEPTH {
         return Ok(false);
     }
-    let data = treedef.call_method0(intern!(py, "node_data"))?;
+    let data = treedef.call_method0(names(py).node_data.bind(py))?;
     if data.is_none() {
         nodes.push(Node::Leaf);
         *num_leaves += 1;
         return Ok(true);
     }
     let (kind, keys): (Bound<'_, PyType>, Bound<'_, PyAny>) = data.extract()?;
-    let children = treedef.call_method0(intern!(py, "children"))?;
+    let children = treedef.call_method0(names(py).children.bind(py))?;
     let children = children.cast::<PyList>()?;
     let n = children.len();
     nodes.push(if kind.is(py.get_type::<PyTuple>()) {
