@@ -371,9 +371,18 @@ def test_every_name_that_rust_reads_is_exported():
     assert not unread, f"fastpjit._jax exports names that Rust no longer reads: {unread}"
 
 
-def test_every_name_that_rust_interns_is_listed():
+def _rust_interned_names() -> set[str]:
+    """The attribute and method names in `handles.rs`'s `names!` table, and any `intern!`."""
     text = "\n".join(p.read_text() for p in RUST_SOURCES.rglob("*.rs"))
-    interned = set(re.findall(r"intern!\(py, \"(\w+)\"\)", text))
+    table = re.search(r"^names! \{\n(.*?)^\}", text, re.S | re.M)
+    assert table, "the names! table of rust/bindings/src/handles.rs was not found"
+    listed = set(re.findall(r"^\s*(\w+),\s*$", table.group(1), re.M))
+    return listed | set(re.findall(r"intern!\(py, \"(\w+)\"\)", text))
+
+
+def test_every_name_that_rust_interns_is_listed():
+    interned = _rust_interned_names()
+    assert {"execute_sharded", "node_data", "partitions"} <= interned
     unlisted = interned - set(RUST_CALLS_BY_NAME) - RUST_NAMES_NOT_JAX - set(_jax.__all__)
     assert not unlisted, f"names Rust calls by name that RUST_CALLS_BY_NAME lacks: {unlisted}"
 

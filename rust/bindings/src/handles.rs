@@ -375,15 +375,15 @@ mod tests {
             // An interned name is the same object each time.
             assert!(n.dtype.bind(py).is(PyString::intern(py, "dtype")));
             // The private jaxlib methods that Rust calls exist on jaxlib's types.
-            let jax = py.import("jax").unwrap();
-            let treedef = jax
+            let public_jax = py.import("jax").unwrap();
+            let treedef = public_jax
                 .getattr("tree")
                 .and_then(|tree| tree.call_method1("structure", ((1, 2),)))
                 .unwrap();
             for name in [&n.node_data, &n.children, &n.num_nodes, &n.num_leaves] {
                 assert!(treedef.hasattr(name.bind(py)).unwrap(), "{name}");
             }
-            let aval = jax
+            let aval = public_jax
                 .getattr("numpy")
                 .and_then(|jnp| jnp.call_method1("zeros", (3,)))
                 .and_then(|x| x.getattr(n.aval.bind(py)))
