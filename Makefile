@@ -1,5 +1,5 @@
 # The README's two commands: `make demo` and `make test`. Everything else supports them;
-# `make lint` (fmt, clippy, ruff, mypy; the stub is checked by the tests) runs in CI after the
+# `make lint` (cargo fmt, clippy, ruff check and format, mypy; the stub is checked by the tests) runs in CI after the
 # tests.
 PYTHON ?= python3
 VENV ?= .venv
@@ -51,6 +51,7 @@ lint: build
 	cargo fmt --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	$(VENV)/bin/ruff check python tests benches examples
+	$(VENV)/bin/ruff format --check python tests benches examples
 	$(VENV)/bin/mypy python/fastpjit
 
 bench: build

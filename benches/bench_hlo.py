@@ -87,8 +87,9 @@ def _same_leaf(ours, theirs) -> None:
     assert ours.aval.strip_weak_type().str_short() == theirs.aval.strip_weak_type().str_short()
     assert ours.weak_type == theirs.weak_type and ours.committed == theirs.committed
     shape = ours.shape
-    assert ours.sharding.devices_indices_map(shape) == theirs.sharding.devices_indices_map(
-        shape), f"sharding {ours.sharding} != {theirs.sharding}"
+    assert ours.sharding.devices_indices_map(shape) == theirs.sharding.devices_indices_map(shape), (
+        f"sharding {ours.sharding} != {theirs.sharding}"
+    )
     assert np.array_equal(np.asarray(ours), np.asarray(theirs)), "values differ"
 
 
@@ -122,8 +123,7 @@ def _sides(module: str, jax_fun, values: list[np.ndarray], *, numpy_in: bool = F
         same_result(floor(), expected)
     except AssertionError as err:
         raise CheckFailed(f"the floor and JAX disagree: {err}") from err
-    return Sides(ours=lambda: f(*args), jax=lambda: theirs(*args), floor=floor,
-                 check=same_result)
+    return Sides(ours=lambda: f(*args), jax=lambda: theirs(*args), floor=floor, check=same_result)
 
 
 def _values(*shapes: tuple[int, ...]) -> list[np.ndarray]:
@@ -136,8 +136,7 @@ def _plus_one() -> Sides:
 
 
 def _multiply(numpy_in: bool = False) -> Sides:
-    return _sides(MULTIPLY_HLO, lambda a, b: (a * b,), _values((8, 16), (8, 16)),
-                  numpy_in=numpy_in)
+    return _sides(MULTIPLY_HLO, lambda a, b: (a * b,), _values((8, 16), (8, 16)), numpy_in=numpy_in)
 
 
 def _matmul() -> Sides:
@@ -163,12 +162,16 @@ def notes(rows, processes) -> str:
         if row["name"] == "x + 1, 1 device" and row["floor_us"]:
             slowdown = row["ours_us"] / row["floor_us"]
             verdict = "met" if slowdown <= FLOOR_SLOWDOWN else "**not met**"
-            lines.append(f"- At most {FLOOR_SLOWDOWN:.2f}× the raw executable on one device: "
-                         f"fastpjit takes {slowdown:.2f}× the floor's time, {verdict}.")
+            lines.append(
+                f"- At most {FLOOR_SLOWDOWN:.2f}× the raw executable on one device: "
+                f"fastpjit takes {slowdown:.2f}× the floor's time, {verdict}."
+            )
             if slowdown > FLOOR_SLOWDOWN:
-                lines.append("  A cache hit here is fastpjit.jit's dispatcher, unchanged (the "
-                             "x + 1 row of the jit table stands as far from its floor): the "
-                             "gap is its per-call work, not compile_hlo's.")
+                lines.append(
+                    "  A cache hit here is fastpjit.jit's dispatcher, unchanged (the "
+                    "x + 1 row of the jit table stands as far from its floor): the "
+                    "gap is its per-call work, not compile_hlo's."
+                )
         elif row["floor_us"]:
             lines.append(f"- {row['name']}: {row['ours_us'] / row['floor_us']:.2f}× the floor.")
     return "\n".join(lines)

@@ -50,9 +50,14 @@ GOAL_SPEEDUP = 20.0
 PROTOTYPE_DICT_US, CURRENT_DICT_US, PROTOTYPE_ARRAY_US = 179, 411, 50
 
 COLUMNS = ("devices", "mesh", "spec")
-PLOT = Plot(file="index_maps.png", x="devices", series="spec", panel="api",
-            title="Cold index maps: µs per call against devices (log-log)",
-            xlabel="devices (mesh positions)")
+PLOT = Plot(
+    file="index_maps.png",
+    x="devices",
+    series="spec",
+    panel="api",
+    title="Cold index maps: µs per call against devices (log-log)",
+    xlabel="devices (mesh positions)",
+)
 
 
 # JAX's memo caches on the devices_indices_map path, cleared for a cold call.
@@ -101,8 +106,10 @@ def _cold_jax(fn) -> Call:
     everything = _cache_counts(jax.clear_caches, fn)
     ours = _cache_counts(_clear_index_map_caches, fn)
     if ours != everything:
-        raise AssertionError(f"a JAX cache stayed warm: (hits, misses) {ours} after clearing "
-                             f"the index-map caches, {everything} after clearing all")
+        raise AssertionError(
+            f"a JAX cache stayed warm: (hits, misses) {ours} after clearing "
+            f"the index-map caches, {everything} after clearing all"
+        )
     return Call(fn, setup=_clear_index_map_caches)
 
 
@@ -127,8 +134,10 @@ def _named(devices: int, spec_name: str) -> Sides:
 
 def _bounds(indices, shape) -> np.ndarray:
     """JAX's slice tuples as fastpjit's (devices, ndim, 2) array of [start, stop) bounds."""
-    return np.array([[s.indices(size)[:2] for s, size in zip(index, shape, strict=True)]
-                     for index in indices], dtype=np.int64)
+    return np.array(
+        [[s.indices(size)[:2] for s, size in zip(index, shape, strict=True)] for index in indices],
+        dtype=np.int64,
+    )
 
 
 def _abstract(devices: int, spec_name: str) -> Sides:
@@ -162,8 +171,10 @@ CASES = [
 
 
 def _row(rows, api: str, devices: int, spec: str):
-    return next((row for row in rows if (row["api"], row["devices"], row["spec"])
-                 == (api, devices, spec)), None)
+    return next(
+        (row for row in rows if (row["api"], row["devices"], row["spec"]) == (api, devices, spec)),
+        None,
+    )
 
 
 def notes(rows, processes) -> str:
@@ -175,36 +186,55 @@ def notes(rows, processes) -> str:
         if row is not None:
             met = row["speedup"] >= GOAL_SPEEDUP
             unmet |= not met
-            lines.append(f"- ≥{GOAL_SPEEDUP:.0f}× faster than JAX at {GOAL_DEVICES} devices, "
-                         f"{spec}: {row['speedup']:.1f}×, {'met' if met else '**not met**'}.")
+            lines.append(
+                f"- ≥{GOAL_SPEEDUP:.0f}× faster than JAX at {GOAL_DEVICES} devices, "
+                f"{spec}: {row['speedup']:.1f}×, {'met' if met else '**not met**'}."
+            )
     for spec in SPECS:
         row = _row(rows, "indices_array", max(ABSTRACT_DEVICES), spec)
         if row is not None:
             met = row["speedup"] >= GOAL_SPEEDUP
             unmet |= not met
-            lines.append(f"- The same bar for indices_array on {row['devices']} abstract "
-                         f"devices, {spec}: {row['speedup']:.1f}×, "
-                         f"{'met' if met else '**not met**'}.")
-    lines.append("- Linear in devices: the slope of log µs against log devices, fitted from "
-                 "64 devices up (1.0 is linear):")
+            lines.append(
+                f"- The same bar for indices_array on {row['devices']} abstract "
+                f"devices, {spec}: {row['speedup']:.1f}×, "
+                f"{'met' if met else '**not met**'}."
+            )
+    lines.append(
+        "- Linear in devices: the slope of log µs against log devices, fitted from "
+        "64 devices up (1.0 is linear):"
+    )
     for api in ("devices_indices_map", "indices_array"):
         for spec in SPECS:
-            points = [row for row in rows if row["api"] == api and row["spec"] == spec
-                      and row["devices"] >= 64]
+            points = [
+                row
+                for row in rows
+                if row["api"] == api and row["spec"] == spec and row["devices"] >= 64
+            ]
             if len(points) < 2:
                 continue
             devices = [row["devices"] for row in points]
-            slopes = {side: loglog_slope(devices, [row[f"{side}_us"] for row in points])
-                      for side in ("ours", "jax")}
-            lines.append(f"  - {api} {spec}: fastpjit {slopes['ours']:.2f}, "
-                         f"JAX {slopes['jax']:.2f}.")
+            slopes = {
+                side: loglog_slope(devices, [row[f"{side}_us"] for row in points])
+                for side in ("ours", "jax")
+            }
+            lines.append(
+                f"  - {api} {spec}: fastpjit {slopes['ours']:.2f}, JAX {slopes['jax']:.2f}."
+            )
     big = [p for p in processes if p["devices"] > 8]
     if big:
-        lines += ["", "**Many CPU devices are feasible:** " + "; ".join(
-            f"{p['devices']} devices started in {p['startup_s']:.1f} s and peaked at "
-            f"{p['max_rss_mib']:,} MiB" for p in big) + " (start-up counts from the script's "
+        lines += [
+            "",
+            "**Many CPU devices are feasible:** "
+            + "; ".join(
+                f"{p['devices']} devices started in {p['startup_s']:.1f} s and peaked at "
+                f"{p['max_rss_mib']:,} MiB"
+                for p in big
+            )
+            + " (start-up counts from the script's "
             "start to JAX's device list, imports included), so every mesh here is made of real "
-            "CPU devices; only the 32,768-position meshes are abstract."]
+            "CPU devices; only the 32,768-position meshes are abstract.",
+        ]
     if unmet:
         lines += ["", _where_the_time_goes(rows)]
     return "\n".join(lines)
@@ -212,8 +242,13 @@ def notes(rows, processes) -> str:
 
 def _where_the_time_goes(rows) -> str:
     """Why a goal is unmet: the dict that devices_indices_map must return costs too much."""
-    floor_bound = [row for row in rows if row["api"] == "devices_indices_map"
-                   and row["devices"] == GOAL_DEVICES and row.get("floor_us")]
+    floor_bound = [
+        row
+        for row in rows
+        if row["api"] == "devices_indices_map"
+        and row["devices"] == GOAL_DEVICES
+        and row.get("floor_us")
+    ]
     if not floor_bound:
         return ""
     best = max(row["jax_us"] / row["floor_us"] for row in floor_bound)
@@ -226,4 +261,5 @@ def _where_the_time_goes(rows) -> str:
         "path, result handling) to use `indices_array`-style bounds, which need no Python "
         "objects, and to keep the dict for JAX compatibility only. Of the fixed cost at 4096 "
         "devices, about 20 µs is reading the mesh's devices (`mesh.devices.ravel().tolist()` "
-        "and the copy into Rust) in `rust/bindings/src/sharding.rs`.")
+        "and the copy into Rust) in `rust/bindings/src/sharding.rs`."
+    )

@@ -73,8 +73,9 @@ def _sides(fun, args: tuple, *, placed: tuple | None = None, **options) -> Sides
         same_result(floor(), expected)
     except AssertionError as err:
         raise CheckFailed(f"the floor and JAX disagree: {err}") from err
-    return Sides(ours=lambda: ours(*args), jax=lambda: theirs(*args), floor=floor,
-                 check=same_result)
+    return Sides(
+        ours=lambda: ours(*args), jax=lambda: theirs(*args), floor=floor, check=same_result
+    )
 
 
 def _array(devices: int):
@@ -102,16 +103,18 @@ def _tree_sum(tree):
 
 def _tree(leaves: int, scalar_out: bool) -> Sides:
     device = jax.devices()[0]
-    tree = {f"k{i:04d}": jax.device_put(np.full((4,), i, np.float32), device)
-            for i in range(leaves)}
+    tree = {
+        f"k{i:04d}": jax.device_put(np.full((4,), i, np.float32), device) for i in range(leaves)
+    }
     return _sides(_tree_sum if scalar_out else _tree_plus_one, (tree,))
 
 
 def _numpy_in() -> Sides:
     sharding = NamedSharding(jax.make_mesh((8,), ("x",)), P("x"))
     host = np.arange(np.prod(SHAPE), dtype=np.float32).reshape(SHAPE)
-    return _sides(_plus_one, (host,), placed=(jax.device_put(host, sharding),),
-                  in_shardings=sharding)
+    return _sides(
+        _plus_one, (host,), placed=(jax.device_put(host, sharding),), in_shardings=sharding
+    )
 
 
 def _numpy_placed_each_call() -> Sides:
@@ -125,7 +128,8 @@ def _numpy_placed_each_call() -> Sides:
     indices = sharding.addressable_devices_indices_map(SHAPE)
     shards, devices = [host[index] for index in indices.values()], list(indices)
     executable, handlers, _ = _compiled_parts(
-        jax.jit(_plus_one, in_shardings=sharding).lower(host).compile())
+        jax.jit(_plus_one, in_shardings=sharding).lower(host).compile()
+    )
     execute = executable.execute_sharded
 
     def floor():
@@ -149,8 +153,12 @@ def _numpy_put() -> Sides:
     def floor():
         return batched_device_put(placed.aval, sharding, shards, devices)
 
-    return Sides(ours=lambda: fastpjit.device_put(host, sharding),
-                 jax=lambda: jax.device_put(host, sharding), floor=floor, check=same_result)
+    return Sides(
+        ours=lambda: fastpjit.device_put(host, sharding),
+        jax=lambda: jax.device_put(host, sharding),
+        floor=floor,
+        check=same_result,
+    )
 
 
 def _aot() -> Sides:
@@ -181,15 +189,22 @@ def _miss() -> Sides:
 
 
 def _case(name: str, build, devices: int, leaves: int, out: str) -> Case:
-    return Case(name=name, build=build, devices=8,
-                meta={"devices": devices, "leaves in": leaves, "out": out})
+    return Case(
+        name=name,
+        build=build,
+        devices=8,
+        meta={"devices": devices, "leaves in": leaves, "out": out},
+    )
 
 
 CASES = [
     _case("x + 1, 1 device", lambda: _trivial(1), 1, 1, "array"),
     _case("x + 1, 8 devices P('x')", lambda: _trivial(8), 8, 1, "array"),
-    *(_case(f"tree {n} → {out}", lambda n=n, out=out: _tree(n, out == "scalar"), 1, n, out)
-      for n in TREE_SIZES for out in ("tree", "scalar")),
+    *(
+        _case(f"tree {n} → {out}", lambda n=n, out=out: _tree(n, out == "scalar"), 1, n, out)
+        for n in TREE_SIZES
+        for out in ("tree", "scalar")
+    ),
     _case("numpy → 8 devices P('x')", _numpy_in, 8, 1, "array"),
     _case("numpy → 8 devices: its device_put alone", _numpy_put, 8, 1, "array"),
     _case("numpy → 8 devices, floor placing anew", _numpy_placed_each_call, 8, 1, "array"),
@@ -212,22 +227,28 @@ def notes(rows, processes) -> str:
     row = _find(rows, "x + 1, 1 device")
     if row is not None:
         slowdown = row["ours_us"] / row["jax_us"]
-        lines.append(f"- Within {TRIVIAL_SLOWDOWN - 1:.0%} of jax.jit on x + 1 on one device: "
-                     f"fastpjit takes {slowdown:.2f}× JAX's time, "
-                     f"{_verdict(slowdown <= TRIVIAL_SLOWDOWN)}.")
+        lines.append(
+            f"- Within {TRIVIAL_SLOWDOWN - 1:.0%} of jax.jit on x + 1 on one device: "
+            f"fastpjit takes {slowdown:.2f}× JAX's time, "
+            f"{_verdict(slowdown <= TRIVIAL_SLOWDOWN)}."
+        )
     for n in TREE_SIZES[1:]:
         for out in ("tree", "scalar"):
             row = _find(rows, f"tree {n} → {out}")
             if row is not None and row["overhead_ratio"] is not None:
                 ratio = row["overhead_ratio"]
-                lines.append(f"- Overhead above the floor at most {TREE_OVERHEAD:.0%} of JAX's, "
-                             f"{n} leaves → {out}: {ratio:.2f}, "
-                             f"{_verdict(ratio <= TREE_OVERHEAD)}.")
+                lines.append(
+                    f"- Overhead above the floor at most {TREE_OVERHEAD:.0%} of JAX's, "
+                    f"{n} leaves → {out}: {ratio:.2f}, "
+                    f"{_verdict(ratio <= TREE_OVERHEAD)}."
+                )
     row = _find(rows, "numpy → 8 devices P('x')")
     if row is not None and row["overhead_ratio"] is not None:
         ratio = row["overhead_ratio"]
-        lines.append(f"- Overhead above the floor at most a third of JAX's, numpy into 8 "
-                     f"devices: {ratio:.2f}, {_verdict(ratio <= NUMPY_OVERHEAD)}.")
+        lines.append(
+            f"- Overhead above the floor at most a third of JAX's, numpy into 8 "
+            f"devices: {ratio:.2f}, {_verdict(ratio <= NUMPY_OVERHEAD)}."
+        )
         put = _find(rows, "numpy → 8 devices: its device_put alone")
         if put is not None and ratio > NUMPY_OVERHEAD:
             allowed = (row["jax_us"] - row["floor_us"]) * NUMPY_OVERHEAD
@@ -237,7 +258,8 @@ def notes(rows, processes) -> str:
                 f"{put['floor_us']:.1f} µs by itself (ours: {put['ours_us']:.1f}, JAX's "
                 f"device_put: {put['jax_us']:.1f}), and the executable then waits for those "
                 f"transfers and frees their buffers, which the floor (inputs already "
-                f"placed) does not.")
+                f"placed) does not."
+            )
         anew = _find(rows, "numpy → 8 devices, floor placing anew")
         if anew is not None and anew["floor_us"] is not None:
             lines.append(
@@ -245,5 +267,6 @@ def notes(rows, processes) -> str:
                 f"`batched_device_put`, then the raw executable: {anew['floor_us']:.0f} µs, "
                 f"{anew['floor_us'] - row['floor_us']:.0f} µs above the placed floor), "
                 f"fastpjit takes {anew['ours_us']:.0f} µs and JAX {anew['jax_us']:.0f}: the goal "
-                f"asks for less than a dispatcher without any work of its own would take.")
+                f"asks for less than a dispatcher without any work of its own would take."
+            )
     return "\n".join(lines)

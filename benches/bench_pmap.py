@@ -28,8 +28,9 @@ NO_GOAL = ("100 arguments, 1 device", "numpy input, 8 devices, floor placing ane
 
 def _same(ours, theirs) -> bool:
     pairs = zip(jax.tree.leaves(ours), jax.tree.leaves(theirs), strict=True)
-    return all(a.sharding == b.sharding and a.dtype == b.dtype and np.array_equal(a, b)
-               for a, b in pairs)
+    return all(
+        a.sharding == b.sharding and a.dtype == b.dtype and np.array_equal(a, b) for a, b in pairs
+    )
 
 
 def _sides(fun, devices: int, args, floor_args=None, **options) -> Sides:
@@ -37,8 +38,7 @@ def _sides(fun, devices: int, args, floor_args=None, **options) -> Sides:
     ours = fastpjit.pmap(fun, devices=device_list, **options)
     theirs = jax.pmap(fun, devices=device_list, **options)
     floor = pmap_floor(theirs, floor_args if floor_args is not None else args, {})
-    return Sides(ours=lambda: ours(*args), jax=lambda: theirs(*args), floor=floor,
-                 check=_same)
+    return Sides(ours=lambda: ours(*args), jax=lambda: theirs(*args), floor=floor, check=_same)
 
 
 def _placed(devices: int, *shape: int):
@@ -82,21 +82,32 @@ def _many_args(count: int, devices: int = 8) -> Sides:
 
 
 CASES = [
-    Case("trivial, 1 device", build=lambda: _trivial(1), devices=8,
-         meta={"devices": 1, "args": 1}),
-    Case("trivial, 8 devices", build=lambda: _trivial(8), devices=8,
-         meta={"devices": 8, "args": 1}),
-    Case("numpy input, 8 devices", build=_numpy_input, devices=8,
-         meta={"devices": 8, "args": 1}),
+    Case("trivial, 1 device", build=lambda: _trivial(1), devices=8, meta={"devices": 1, "args": 1}),
+    Case(
+        "trivial, 8 devices", build=lambda: _trivial(8), devices=8, meta={"devices": 8, "args": 1}
+    ),
+    Case("numpy input, 8 devices", build=_numpy_input, devices=8, meta={"devices": 8, "args": 1}),
     # No goal: the numpy case against the least that placing the array on every call costs.
-    Case("numpy input, 8 devices, floor placing anew", build=_numpy_placed_each_call,
-         devices=8, meta={"devices": 8, "args": 1}),
-    Case("100 arguments, 8 devices", build=lambda: _many_args(100), devices=8,
-         meta={"devices": 8, "args": 100}),
+    Case(
+        "numpy input, 8 devices, floor placing anew",
+        build=_numpy_placed_each_call,
+        devices=8,
+        meta={"devices": 8, "args": 1},
+    ),
+    Case(
+        "100 arguments, 8 devices",
+        build=lambda: _many_args(100),
+        devices=8,
+        meta={"devices": 8, "args": 100},
+    ),
     # No goal: the same dispatch as the row above without 8 devices' executions, whose
     # run-to-run spread there is larger than either dispatcher's cost per argument.
-    Case("100 arguments, 1 device", build=lambda: _many_args(100, 1), devices=8,
-         meta={"devices": 1, "args": 100}),
+    Case(
+        "100 arguments, 1 device",
+        build=lambda: _many_args(100, 1),
+        devices=8,
+        meta={"devices": 1, "args": 100},
+    ),
 ]
 
 
@@ -108,31 +119,41 @@ def notes(rows, processes) -> str:
         if ratio is None or row["name"] in NO_GOAL:
             continue
         met = ratio <= GOAL_OVERHEAD_RATIO
-        lines.append(f"- {row['name']}: our overhead above the floor is {ratio:.2f} of "
-                     f"jax.pmap's (goal ≤ {GOAL_OVERHEAD_RATIO}), "
-                     f"{'met' if met else '**not met**'}.")
+        lines.append(
+            f"- {row['name']}: our overhead above the floor is {ratio:.2f} of "
+            f"jax.pmap's (goal ≤ {GOAL_OVERHEAD_RATIO}), "
+            f"{'met' if met else '**not met**'}."
+        )
     one = next((row for row in rows if row["name"] == "trivial, 1 device"), None)
     if one is not None and one.get("floor_us"):
         within = one["ours_us"] / one["floor_us"]
         met = within <= GOAL_ONE_DEVICE
-        lines.append(f"- 1 device, the whole call within 10% of the floor: "
-                     f"{within:.2f}× the floor, {'met' if met else '**not met**'}.")
+        lines.append(
+            f"- 1 device, the whole call within 10% of the floor: "
+            f"{within:.2f}× the floor, {'met' if met else '**not met**'}."
+        )
     numpy_row = next((row for row in rows if row["name"] == "numpy input, 8 devices"), None)
     anew = next((row for row in rows if row["name"] == NO_GOAL[1]), None)
     if numpy_row is not None and anew is not None and numpy_row["floor_us"] is not None:
         allowed = numpy_row["floor_us"] + GOAL_OVERHEAD_RATIO * (
-            numpy_row["jax_us"] - numpy_row["floor_us"])
-        lines.append(f"- The numpy goal allows {allowed:.0f} µs a call; placing the array anew "
-                     f"with jaxlib's `batched_device_put` and calling the raw executable takes "
-                     f"{anew['floor_us']:.0f} µs by itself (fastpjit {anew['ours_us']:.0f}, "
-                     f"jax.pmap {anew['jax_us']:.0f} in that row).")
+            numpy_row["jax_us"] - numpy_row["floor_us"]
+        )
+        lines.append(
+            f"- The numpy goal allows {allowed:.0f} µs a call; placing the array anew "
+            f"with jaxlib's `batched_device_put` and calling the raw executable takes "
+            f"{anew['floor_us']:.0f} µs by itself (fastpjit {anew['ours_us']:.0f}, "
+            f"jax.pmap {anew['jax_us']:.0f} in that row)."
+        )
     few = next((row for row in rows if row["name"] == "100 arguments, 1 device"), None)
     if few is not None and few.get("overhead_ratio") is not None:
-        per_arg = {side: (few[f"{side}_us"] - few["floor_us"]) * 1e3 / few["args"]
-                   for side in ("ours", "jax")}
-        lines.append(f"- 100 arguments on 1 device (no goal; the dispatch alone, without 8 "
-                     f"devices' run-to-run spread): overhead ratio {few['overhead_ratio']:.2f}, "
-                     f"about {per_arg['ours']:.0f} ns per argument for fastpjit and "
-                     f"{per_arg['jax']:.0f} for jax.pmap.")
+        per_arg = {
+            side: (few[f"{side}_us"] - few["floor_us"]) * 1e3 / few["args"]
+            for side in ("ours", "jax")
+        }
+        lines.append(
+            f"- 100 arguments on 1 device (no goal; the dispatch alone, without 8 "
+            f"devices' run-to-run spread): overhead ratio {few['overhead_ratio']:.2f}, "
+            f"about {per_arg['ours']:.0f} ns per argument for fastpjit and "
+            f"{per_arg['jax']:.0f} for jax.pmap."
+        )
     return "\n".join(lines)
-

@@ -62,8 +62,12 @@ def _bound(leaves: int, devices: int, plain: bool = False, numpy_weights: bool =
         g = step.bind(params)
         ours = lambda: g(x)  # noqa: E731
     wait = jax.block_until_ready if devices > 1 else (lambda out: out)
-    return Sides(ours=lambda: wait(ours()), jax=lambda: wait(theirs(params, x)),
-                 floor=lambda: wait(floor()), check=same_result)
+    return Sides(
+        ours=lambda: wait(ours()),
+        jax=lambda: wait(theirs(params, x)),
+        floor=lambda: wait(floor()),
+        check=same_result,
+    )
 
 
 def _threads(n: int, leaves: int = 10) -> Sides:
@@ -72,10 +76,13 @@ def _threads(n: int, leaves: int = 10) -> Sides:
     theirs = jax.jit(fresh(serve_step))
     floor = jit_floor(jax.jit(fresh(serve_step)), (params, x), {})
 
-    return Sides(ours=burst(lambda: g(x), n, THREAD_CALLS),
-                 jax=burst(lambda: theirs(params, x), n, THREAD_CALLS),
-                 floor=burst(floor, n, THREAD_CALLS), check=same_result,
-                 calls=n * THREAD_CALLS + 1)
+    return Sides(
+        ours=burst(lambda: g(x), n, THREAD_CALLS),
+        jax=burst(lambda: theirs(params, x), n, THREAD_CALLS),
+        floor=burst(floor, n, THREAD_CALLS),
+        check=same_result,
+        calls=n * THREAD_CALLS + 1,
+    )
 
 
 def _case(name: str, build: Callable[[], Sides], leaves: int, devices: int) -> Case:
@@ -86,17 +93,39 @@ def _build_cases() -> list[Case]:
     cases = []
     for devices in (1, 8):
         for leaves in (10, 100, 1000):
-            cases.append(_case(f"bound, {leaves} leaves, {devices} dev",
-                               lambda n=leaves, d=devices: _bound(n, d), leaves, devices))
-            cases.append(_case(f"plain, {leaves} leaves, {devices} dev",
-                               lambda n=leaves, d=devices: _bound(n, d, plain=True),
-                               leaves, devices))
-        cases.append(_case(f"bound numpy weights, 1000 leaves, {devices} dev",
-                           lambda d=devices: _bound(1000, d, numpy_weights=True), 1000,
-                           devices))
+            cases.append(
+                _case(
+                    f"bound, {leaves} leaves, {devices} dev",
+                    lambda n=leaves, d=devices: _bound(n, d),
+                    leaves,
+                    devices,
+                )
+            )
+            cases.append(
+                _case(
+                    f"plain, {leaves} leaves, {devices} dev",
+                    lambda n=leaves, d=devices: _bound(n, d, plain=True),
+                    leaves,
+                    devices,
+                )
+            )
+        cases.append(
+            _case(
+                f"bound numpy weights, 1000 leaves, {devices} dev",
+                lambda d=devices: _bound(1000, d, numpy_weights=True),
+                1000,
+                devices,
+            )
+        )
     for n in (1, 2, 4, 8):
-        cases.append(_case(f"bound, 10 leaves, 1 dev, {n} thread{'s' if n > 1 else ''}",
-                           lambda n=n: _threads(n), 10, 1))
+        cases.append(
+            _case(
+                f"bound, 10 leaves, 1 dev, {n} thread{'s' if n > 1 else ''}",
+                lambda n=n: _threads(n),
+                10,
+                1,
+            )
+        )
     return cases
 
 
@@ -112,21 +141,29 @@ def notes(rows: list[dict[str, Any]], processes: Any) -> str:
         if row:
             gap = row["ours_us"] - row["floor_us"]
             goal = max(0.02 * row["floor_us"], 5.0)
-            lines.append(f"- 1000 bound leaves, {devices} dev: {gap:.1f} µs above the floor "
-                         f"(goal ≤ {goal:.1f}): {'met' if gap <= goal else '**not met**'}.")
+            lines.append(
+                f"- 1000 bound leaves, {devices} dev: {gap:.1f} µs above the floor "
+                f"(goal ≤ {goal:.1f}): {'met' if gap <= goal else '**not met**'}."
+            )
         row = by_name.get(f"bound, 10 leaves, {devices} dev")
         if row:
             gap = row["ours_us"] - row["floor_us"]
-            lines.append(f"- 10 bound leaves, {devices} dev: {gap:.2f} µs above the floor "
-                         f"(goal ≤ 1): {'met' if gap <= 1 else '**not met**'}.")
+            lines.append(
+                f"- 10 bound leaves, {devices} dev: {gap:.2f} µs above the floor "
+                f"(goal ≤ 1): {'met' if gap <= 1 else '**not met**'}."
+            )
         numpy_row = by_name.get(f"bound numpy weights, 1000 leaves, {devices} dev")
         device_row = by_name.get(f"bound, 1000 leaves, {devices} dev")
         if numpy_row and device_row:
-            lines.append(f"- numpy weights bound, {devices} dev: {numpy_row['ours_us']:.1f} µs "
-                         f"against {device_row['ours_us']:.1f} bound as device arrays.")
+            lines.append(
+                f"- numpy weights bound, {devices} dev: {numpy_row['ours_us']:.1f} µs "
+                f"against {device_row['ours_us']:.1f} bound as device arrays."
+            )
     threads = by_name.get("bound, 10 leaves, 1 dev, 8 threads")
     if threads:
         ours, theirs = 1e6 / threads["ours_us"], 1e6 / threads["jax_us"]
-        lines.append(f"- 8 threads: fastpjit {ours:,.0f} calls/s, JAX {theirs:,.0f} calls/s: "
-                     f"{'met' if ours >= theirs else '**not met**'}.")
+        lines.append(
+            f"- 8 threads: fastpjit {ours:,.0f} calls/s, JAX {theirs:,.0f} calls/s: "
+            f"{'met' if ours >= theirs else '**not met**'}."
+        )
     return "\n".join(lines)

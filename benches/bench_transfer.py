@@ -64,9 +64,14 @@ SMALL_SPEEDUP = 3.0
 LARGE_FLOOR_RATIO = 1.5
 
 COLUMNS = ("size", "mesh")
-PLOT = Plot(file="transfer.png", x="bytes", series="spec", panel="op",
-            title="Host↔device transfers of float32 arrays on 8 CPU devices (log-log)",
-            xlabel="array bytes")
+PLOT = Plot(
+    file="transfer.png",
+    x="bytes",
+    series="spec",
+    panel="op",
+    title="Host↔device transfers of float32 arrays on 8 CPU devices (log-log)",
+    xlabel="array bytes",
+)
 
 
 def _size(nbytes: int) -> str:
@@ -81,7 +86,7 @@ def _host(shape: tuple[int, ...], offset: int) -> np.ndarray:
     nbytes = math.prod(shape) * 4
     buffer = np.empty(nbytes + 64, np.uint8)
     start = (offset - buffer.ctypes.data) % 64
-    x = buffer[start:start + nbytes].view(np.float32).reshape(shape)
+    x = buffer[start : start + nbytes].view(np.float32).reshape(shape)
     x.reshape(-1)[:] = np.arange(x.size, dtype=np.float32)
     return x
 
@@ -159,8 +164,7 @@ class FreshArrays:
                 shards[key] = _host(host[index].shape, 0)
                 np.copyto(shards[key], host[index])
             singles.append(jax.device_put(shards[key], device))
-        self._make = lambda: jax.make_array_from_single_device_arrays(
-            host.shape, sharding, singles)
+        self._make = lambda: jax.make_array_from_single_device_arrays(host.shape, sharding, singles)
         self._refill = max(1, min(256, POOL_BYTES // host.nbytes))
         self._pool: collections.deque = collections.deque()
         self.current = None
@@ -206,14 +210,24 @@ def _case(op: str, shape: tuple[int, ...], spec_name: str) -> Case:
         name=f"{op} {shape} {spec_name}",
         build=lambda: _build(op, shape, spec_name),
         devices=8,
-        meta={"op": op, "shape": list(shape), "bytes": nbytes, "size": _size(nbytes),
-              "mesh": SPECS[spec_name][0], "spec": spec_name},
+        meta={
+            "op": op,
+            "shape": list(shape),
+            "bytes": nbytes,
+            "size": _size(nbytes),
+            "mesh": SPECS[spec_name][0],
+            "spec": spec_name,
+        },
     )
 
 
-CASES = [_case(op, shape, spec) for op in ("device_put", "device_get")
-         for shape in SHAPES for spec in SPECS
-         if not (QUICK and op == "device_put" and shape == SHAPES[-1])]
+CASES = [
+    _case(op, shape, spec)
+    for op in ("device_put", "device_get")
+    for shape in SHAPES
+    for spec in SPECS
+    if not (QUICK and op == "device_put" and shape == SHAPES[-1])
+]
 
 
 # Where the time goes: pieces timed once at commit 018a21d (native build 885545802d76), on
@@ -222,9 +236,14 @@ CASES = [_case(op, shape, spec) for op in ("device_put", "device_get")
 PIECES = {
     # Timed at commit 6009f71, (8, 4) float32 on 8 devices, unaligned as in the rows: puts
     # until ready (P('x'), then P()), and gets of fresh arrays, P('x').
-    "put_raw": 15.0, "put_ours": 17.7, "put_jax": 42.2,
-    "put_p_raw": 12.0, "put_p_ours": 13.7, "put_p_jax": 36.2,
-    "get_arrays": 12.5, "get_ours": 18.9,
+    "put_raw": 15.0,
+    "put_ours": 17.7,
+    "put_jax": 42.2,
+    "put_p_raw": 12.0,
+    "put_p_ours": 13.7,
+    "put_p_jax": 36.2,
+    "get_arrays": 12.5,
+    "get_ours": 18.9,
 }
 
 
@@ -245,28 +264,44 @@ def notes(rows, processes) -> str:
     if small:
         missed = [row for row in small if row["speedup"] < SMALL_SPEEDUP]
         unmet |= bool(missed)
-        lines.append(f"- ≥{SMALL_SPEEDUP:.0f}× faster than JAX for the small shapes: met in "
-                     f"{len(small) - len(missed)} of {len(small)} rows"
-                     + ("; **not met** in " + ", ".join(
-                         f"{row['name']} ({row['speedup']:.1f}×)" for row in missed)
-                        if missed else "") + ".")
+        lines.append(
+            f"- ≥{SMALL_SPEEDUP:.0f}× faster than JAX for the small shapes: met in "
+            f"{len(small) - len(missed)} of {len(small)} rows"
+            + (
+                "; **not met** in "
+                + ", ".join(f"{row['name']} ({row['speedup']:.1f}×)" for row in missed)
+                if missed
+                else ""
+            )
+            + "."
+        )
     copies = [row for row in large if not _is_view(row)]
     if copies:
-        missed = [row for row in copies
-                  if row["ours_us"] > LARGE_FLOOR_RATIO * row["floor_us"]]
+        missed = [row for row in copies if row["ours_us"] > LARGE_FLOOR_RATIO * row["floor_us"]]
         unmet |= bool(missed)
-        lines.append(f"- Within {LARGE_FLOOR_RATIO}× of the memcpy floor for the large shapes: "
-                     f"met in {len(copies) - len(missed)} of {len(copies)} rows"
-                     + ("; **not met** in " + ", ".join(
-                         f"{row['name']} ({row['ours_us'] / row['floor_us']:.1f}×)"
-                         for row in missed) if missed else "") + ".")
+        lines.append(
+            f"- Within {LARGE_FLOOR_RATIO}× of the memcpy floor for the large shapes: "
+            f"met in {len(copies) - len(missed)} of {len(copies)} rows"
+            + (
+                "; **not met** in "
+                + ", ".join(
+                    f"{row['name']} ({row['ours_us'] / row['floor_us']:.1f}×)" for row in missed
+                )
+                if missed
+                else ""
+            )
+            + "."
+        )
     views = [row for row in large if _is_view(row)]
     if views:
-        lines.append("- Large `P()` gets copy nothing; against their floor (the view), "
-                     "fastpjit takes " + ", ".join(
-                         f"{row['ours_us'] / row['floor_us']:.1f}× ({row['size']})"
-                         for row in views) + ", JAX " + ", ".join(
-                         f"{row['jax_us'] / row['floor_us']:.1f}×" for row in views) + ".")
+        lines.append(
+            "- Large `P()` gets copy nothing; against their floor (the view), "
+            "fastpjit takes "
+            + ", ".join(f"{row['ours_us'] / row['floor_us']:.1f}× ({row['size']})" for row in views)
+            + ", JAX "
+            + ", ".join(f"{row['jax_us'] / row['floor_us']:.1f}×" for row in views)
+            + "."
+        )
     if copies:
         lines += [
             "",
@@ -281,10 +316,12 @@ def notes(rows, processes) -> str:
             "|---|---:|---:|---:|---:|---:|",
         ]
         for row in copies:
-            lines.append(f"| {row['name']} | {_gbps(row, 'ours'):.2f} | "
-                         f"{_gbps(row, 'jax'):.2f} | {_gbps(row, 'floor'):.2f} | "
-                         f"{row['new_memory_gbps']:.2f} | "
-                         f"{row['ours_us'] / row['floor_us']:.2f}× |")
+            lines.append(
+                f"| {row['name']} | {_gbps(row, 'ours'):.2f} | "
+                f"{_gbps(row, 'jax'):.2f} | {_gbps(row, 'floor'):.2f} | "
+                f"{row['new_memory_gbps']:.2f} | "
+                f"{row['ours_us'] / row['floor_us']:.2f}× |"
+            )
     if unmet:
         lines += ["", _where_the_time_goes(rows)]
     return "\n".join(lines)
@@ -293,8 +330,16 @@ def notes(rows, processes) -> str:
 def _where_the_time_goes(rows) -> str:
     """Why the goals are unmet, from the pieces in PIECES (timed once) and `perf`."""
     p = PIECES
-    big_get = next((row for row in rows if row["op"] == "device_get"
-                    and tuple(row["shape"]) == SHAPES[-1] and row["spec"] == "P('x')"), None)
+    big_get = next(
+        (
+            row
+            for row in rows
+            if row["op"] == "device_get"
+            and tuple(row["shape"]) == SHAPES[-1]
+            and row["spec"] == "P('x')"
+        ),
+        None,
+    )
     new_memory = ""
     if big_get is not None:
         new_memory_us = big_get["bytes"] / big_get["new_memory_gbps"] / 1e3
@@ -302,22 +347,23 @@ def _where_the_time_goes(rows) -> str:
             f" For 256 MiB, `P('x')`, a get took {big_get['ours_us'] / 1e3:.1f} ms for fastpjit "
             f"and {big_get['jax_us'] / 1e3:.1f} for JAX, against "
             f"{big_get['floor_us'] / 1e3:.1f} for the memcpy and {new_memory_us / 1e3:.1f} for a "
-            f"copy into new memory.")
+            f"copy into new memory."
+        )
     return f"""\
 **Where fastpjit's time goes** (shown while a goal is unmet; pieces timed once at commit
 6009f71, (8, 4) float32, in µs; the rows above may differ, the machine being shared):
 
 - **Small puts are at jaxlib's own call.** fastpjit makes one `batched_device_put` with the
-  shards already sliced, and that call alone, until ready, costs {p['put_raw']} µs for
-  `P('x')` ({p['put_p_raw']} for `P()`), against {p['put_ours']} ({p['put_p_ours']}) for
-  `fastpjit.device_put` and {p['put_jax']} ({p['put_p_jax']}) for `jax.device_put`. So no
-  caller of that call can be more than {p['put_jax'] / p['put_raw']:.1f}×
-  ({p['put_p_jax'] / p['put_p_raw']:.1f}×) faster than JAX here: its cost is per shard
+  shards already sliced, and that call alone, until ready, costs {p["put_raw"]} µs for
+  `P('x')` ({p["put_p_raw"]} for `P()`), against {p["put_ours"]} ({p["put_p_ours"]}) for
+  `fastpjit.device_put` and {p["put_jax"]} ({p["put_p_jax"]}) for `jax.device_put`. So no
+  caller of that call can be more than {p["put_jax"] / p["put_raw"]:.1f}×
+  ({p["put_p_jax"] / p["put_p_raw"]:.1f}×) faster than JAX here: its cost is per shard
   (about 1.8 µs each, 3 µs for one), whatever the host buffer semantics or alignment. ≥3×
   needs a cheaper way into jaxlib than `batched_device_put`, not a faster wrapper.
 - **Small gets pay for jaxlib's per-device arrays.** A fresh sharded array has no
   single-device arrays yet, and `_arrays`, which builds all of them in one call, alone takes
-  {p['get_arrays']} µs of fastpjit's {p['get_ours']}; the shards are then read through the
+  {p["get_arrays"]} µs of fastpjit's {p["get_ours"]}; the shards are then read through the
   buffer protocol and copied in Rust. ≥3× needs a way into shard memory that jaxlib does not
   give Python.
 - **Large transfers reuse host memory.** Memory just allocated must be faulted in and zeroed

@@ -38,6 +38,7 @@ BATCHES = (1, 4)
 def _serve_module():
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
     import serve
+
     return serve
 
 
@@ -54,8 +55,7 @@ def server(mode: str, record: str) -> dict:
     serve = _serve_module()
     mesh = jax.make_mesh((8,), ("model",), axis_types=(AxisType.Auto,))
     params = jax.device_put(serve.init_params(), serve.shardings(mesh))
-    step = fastpjit.jit(jax.vmap(serve.decode_step, in_axes=(None, 0, None, 0)),
-                        donate_argnums=3)
+    step = fastpjit.jit(jax.vmap(serve.decode_step, in_axes=(None, 0, None, 0)), donate_argnums=3)
     step.__name__ = "batched_decode_step"
     cache_sharding = NamedSharding(mesh, P(None, None, None, None, "model", None))
     shapes = [(b, n) for n in LENGTHS for b in BATCHES]
@@ -69,8 +69,10 @@ def server(mode: str, record: str) -> dict:
     firsts, tokens = [], []
     began = time.perf_counter()
     for batch, length in shapes:
-        cache = jax.device_put(np.zeros((batch, serve.LAYERS, 2, length, serve.HEADS,
-                                         serve.HEAD), np.float32), cache_sharding)
+        cache = jax.device_put(
+            np.zeros((batch, serve.LAYERS, 2, length, serve.HEADS, serve.HEAD), np.float32),
+            cache_sharding,
+        )
         token = np.arange(batch, dtype=np.int32) % serve.VOCAB
         start = time.perf_counter()
         out, _ = step(params, token, 0, cache)
@@ -80,18 +82,32 @@ def server(mode: str, record: str) -> dict:
     stats = fastpjit.stats()
     if mode == "record":
         fastpjit.save_signatures(record, {"decode": step})
-    return {"first_calls_s": total, "slowest_first_s": max(firsts), "replay_s": replay_s,
-            "hits": stats["cache_hits"], "misses": stats["cache_misses"], "tokens": tokens}
+    return {
+        "first_calls_s": total,
+        "slowest_first_s": max(firsts),
+        "replay_s": replay_s,
+        "hits": stats["cache_hits"],
+        "misses": stats["cache_misses"],
+        "tokens": tokens,
+    }
 
 
 def _fresh(mode: str, record: str, cache_dir: str | None) -> dict:
     env = dict(os.environ)
     if cache_dir is not None:
-        env.update(JAX_COMPILATION_CACHE_DIR=cache_dir,
-                   JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-                   JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
-    done = subprocess.run([sys.executable, __file__, "--server", mode, record], env=env,
-                          capture_output=True, text=True, timeout=900, check=False)
+        env.update(
+            JAX_COMPILATION_CACHE_DIR=cache_dir,
+            JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+            JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+        )
+    done = subprocess.run(
+        [sys.executable, __file__, "--server", mode, record],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
     if done.returncode != 0:
         raise RuntimeError(f"{mode} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -102,19 +118,27 @@ def main() -> None:
         record, cache_dir = os.path.join(tmp, "signatures.json"), os.path.join(tmp, "cache")
         recorded = _fresh("record", record, None)
         _fresh("cold", record, cache_dir)  # fills the persistent cache, untimed
-        runs = {"cold": _fresh("cold", record, None),
-                "persistent cache": _fresh("cold", record, cache_dir),
-                "replay": _fresh("replay", record, None),
-                "replay + persistent cache": _fresh("replay", record, cache_dir)}
-    print(f"{len(LENGTHS)} cache lengths x {len(BATCHES)} batch sizes = "
-          f"{len(LENGTHS) * len(BATCHES)} buckets; fresh process each, 8 CPU devices")
-    print(f"{'':28}{'to every first result':>22}{'of which replay':>16}{'slowest first':>15}"
-          f"{'hits/misses':>13}")
+        runs = {
+            "cold": _fresh("cold", record, None),
+            "persistent cache": _fresh("cold", record, cache_dir),
+            "replay": _fresh("replay", record, None),
+            "replay + persistent cache": _fresh("replay", record, cache_dir),
+        }
+    print(
+        f"{len(LENGTHS)} cache lengths x {len(BATCHES)} batch sizes = "
+        f"{len(LENGTHS) * len(BATCHES)} buckets; fresh process each, 8 CPU devices"
+    )
+    print(
+        f"{'':28}{'to every first result':>22}{'of which replay':>16}{'slowest first':>15}"
+        f"{'hits/misses':>13}"
+    )
     for name, run in runs.items():
         assert run["tokens"] == recorded["tokens"], f"{name} decoded other tokens"
         replay = run["replay_s"] or 0.0
-        print(f"{name:28}{run['first_calls_s'] + replay:20.2f} s{replay:14.2f} s"
-              f"{run['slowest_first_s'] * 1e3:12.1f} ms{run['hits']:>8}/{run['misses']}")
+        print(
+            f"{name:28}{run['first_calls_s'] + replay:20.2f} s{replay:14.2f} s"
+            f"{run['slowest_first_s'] * 1e3:12.1f} ms{run['hits']:>8}/{run['misses']}"
+        )
 
 
 if __name__ == "__main__":

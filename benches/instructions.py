@@ -67,12 +67,18 @@ def _cases() -> dict[str, tuple[Any, tuple[Any, ...], dict[str, Any], dict[str, 
         "f(x, 2)": (add, (x, 2), {}),
         "f(x, np.float32(1.5))": (add, (x, np.float32(1.5)), {}),
         "f(x, numpy array)": (add, (x, np.ones((8, 4), np.float32)), {}),
-        "f(x, new numpy array)": (add, (x, NewValues(np.full((8, 4), i, np.float32)
-                                                     for i in range(64))), {}),
+        "f(x, new numpy array)": (
+            add,
+            (x, NewValues(np.full((8, 4), i, np.float32) for i in range(64))),
+            {},
+        ),
         "f(x, b=y)": (add, (x,), {"b": x}),
         "f(x, None)": (lambda a, b: a, (x, None), {}),
         "f(nested dicts and lists)": (
-            lambda p: p["a"][0] + p["b"]["c"], ({"a": [x, x], "b": {"c": x}},), {}),
+            lambda p: p["a"][0] + p["b"]["c"],
+            ({"a": [x, x], "b": {"c": x}},),
+            {},
+        ),
         "f(params, x, lr=0.1), 100 leaves": (sgd, (params, x), {"lr": 0.1}),
         "f(x) → 3 outputs": (outputs(3), (x,), {}),
         "f(x) → 10 outputs": (outputs(10), (x,), {}),
@@ -85,7 +91,11 @@ def _cases() -> dict[str, tuple[Any, tuple[Any, ...], dict[str, Any], dict[str, 
     # Uncommitted arrays on device 0, copied to the executable's device 1.
     cases["f(x) on dev 1, x uncommitted on 0"] = (inc, (jnp.ones((8, 4)),), {}, on_device_1)
     cases["f(x) on dev 1, new x uncommitted"] = (
-        inc, (NewValues(jnp.full((8, 4), i, jnp.float32) for i in range(64)),), {}, on_device_1)
+        inc,
+        (NewValues(jnp.full((8, 4), i, jnp.float32) for i in range(64)),),
+        {},
+        on_device_1,
+    )
     return cases
 
 
@@ -129,11 +139,16 @@ class Callgrind:
             for path in OUT_DIR.glob("*-01"):
                 text = path.read_text()
                 if f"Trigger: dump {label}\n" in text:
-                    return sum(int(line.split()[1]) for line in text.splitlines()
-                               if line.startswith("totals:"))
+                    return sum(
+                        int(line.split()[1])
+                        for line in text.splitlines()
+                        if line.startswith("totals:")
+                    )
             time.sleep(0.05)
-        raise RuntimeError(f"no callgrind dump {label} in {OUT_DIR}: run under callgrind "
-                           "(see this module's docstring)")
+        raise RuntimeError(
+            f"no callgrind dump {label} in {OUT_DIR}: run under callgrind "
+            "(see this module's docstring)"
+        )
 
 
 def main() -> None:
@@ -146,9 +161,11 @@ def main() -> None:
         counts = {}
         for side, f in (("ours", fastpjit.jit(fun, **options)), ("jax", jax.jit(fun, **options))):
             if any(isinstance(a, NewValues) for a in args):
+
                 def call(f=f, args=args, kwargs=kwargs):
                     return f(*_resolve(args), **kwargs)
             else:
+
                 def call(f=f, args=args, kwargs=kwargs):
                     return f(*args, **kwargs)
 

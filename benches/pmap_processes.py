@@ -36,10 +36,20 @@ def _measure() -> None:
     cases = [
         ("f(x), host-local array from a pmap", lambda v: v * 3, (placed,), {}, False),
         ("f(x), numpy rows", lambda v: v * 3, (rows,), {}, False),
-        ("f(x, 1.5), in_axes=(0, None)", lambda v, s: v * s, (placed, 1.5),
-         {"in_axes": (0, None)}, False),
-        ("psum across processes", lambda v: v / jax.lax.psum(v, "i"), (placed,),
-         {"axis_name": "i"}, True),
+        (
+            "f(x, 1.5), in_axes=(0, None)",
+            lambda v, s: v * s,
+            (placed, 1.5),
+            {"in_axes": (0, None)},
+            False,
+        ),
+        (
+            "psum across processes",
+            lambda v: v / jax.lax.psum(v, "i"),
+            (placed,),
+            {"axis_name": "i"},
+            True,
+        ),
     ]
     report = []
     for name, fun, args, options, wait in cases:
@@ -48,24 +58,28 @@ def _measure() -> None:
         statics = options.get("static_broadcasted_argnums", ())
         dynamic = [a for i, a in enumerate(args) if i not in statics]
         in_global = miss.fast_path.in_global
-        global_args = [arg._rewrap_with_aval_and_sharding(*conversion)
-                       if isinstance(arg, jax.Array) else
-                       fastpjit.make_array_from_process_local_data(
-                           conversion[1], np.asarray(arg, conversion[0].dtype),
-                           conversion[0].shape)
-                       for arg, conversion in zip(jax.tree.leaves(dynamic), in_global,
-                                                  strict=True)]
+        global_args = [
+            arg._rewrap_with_aval_and_sharding(*conversion)
+            if isinstance(arg, jax.Array)
+            else fastpjit.make_array_from_process_local_data(
+                conversion[1], np.asarray(arg, conversion[0].dtype), conversion[0].shape
+            )
+            for arg, conversion in zip(jax.tree.leaves(dynamic), in_global, strict=True)
+        ]
         run = runner(miss.fast_path)
         inputs = placed_inputs(miss.fast_path, global_args)
-        sides = {"ours": lambda o=ours, a=args: o(*a), "jax": lambda t=theirs, a=args: t(*a),
-                 "floor": lambda r=run, i=inputs: r(i)}
+        sides = {
+            "ours": lambda o=ours, a=args: o(*a),
+            "jax": lambda t=theirs, a=args: t(*a),
+            "floor": lambda r=run, i=inputs: r(i),
+        }
         expected = theirs(*args)
         for a, b in zip(jax.tree.leaves(ours(*args)), jax.tree.leaves(expected), strict=True):
             assert a.sharding == b.sharding and np.array_equal(np.asarray(a), np.asarray(b))
         times: dict[str, list[float]] = {side: [] for side in sides}
         for round_index in range(ROUNDS):
             order = list(sides)
-            order = order[round_index % 3:] + order[:round_index % 3]
+            order = order[round_index % 3 :] + order[: round_index % 3]
             for side in order:
                 call = sides[side]
                 start = time.perf_counter_ns()
@@ -82,23 +96,38 @@ def _measure() -> None:
         print("|---|---:|---:|---:|---:|---:|")
         for name, m in report:
             ratio = (m["ours"] - m["floor"]) / (m["jax"] - m["floor"])
-            print(f"| {name} | {m['ours']:.1f} | {m['jax']:.1f} | {m['floor']:.1f} | "
-                  f"{m['jax'] / m['ours']:.1f}× | {ratio:.2f} |", flush=True)
+            print(
+                f"| {name} | {m['ours']:.1f} | {m['jax']:.1f} | {m['floor']:.1f} | "
+                f"{m['jax'] / m['ours']:.1f}× | {ratio:.2f} |",
+                flush=True,
+            )
 
 
 def main() -> None:
     if os.environ.get("FASTPJIT_PMAP_PROCESSES_WORKER"):
         _measure()
         return
-    command = [sys.executable, "-m", "fastpjit.launch", "--nproc", "2", "--local-devices", "4",
-               "--timeout", "600", __file__]
+    command = [
+        sys.executable,
+        "-m",
+        "fastpjit.launch",
+        "--nproc",
+        "2",
+        "--local-devices",
+        "4",
+        "--timeout",
+        "600",
+        __file__,
+    ]
     env = dict(os.environ, FASTPJIT_PMAP_PROCESSES_WORKER="1")
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
-    table = [line.split("] ", 1)[1] for line in done.stdout.splitlines()
-             if line.startswith("[0] |")]
+    table = [
+        line.split("] ", 1)[1] for line in done.stdout.splitlines() if line.startswith("[0] |")
+    ]
     if done.returncode != 0 or not table:
-        sys.exit(f"the run failed ({done.returncode}):\n{done.stdout[-4000:]}\n"
-                 f"{done.stderr[-4000:]}")
+        sys.exit(
+            f"the run failed ({done.returncode}):\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+        )
     print("\n".join(table))
 
 

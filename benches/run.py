@@ -86,8 +86,13 @@ def environment() -> dict[str, Any]:
     with contextlib.suppress(ValueError, OSError):
         memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     try:
-        commit = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT,
-                                capture_output=True, text=True, check=True).stdout.strip()
+        commit = subprocess.run(
+            ["git", "describe", "--always", "--dirty"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         commit = "unknown"
     return harness.environment() | {
@@ -112,8 +117,9 @@ def process_info(start: float) -> dict[str, Any]:
     }
 
 
-def run_cases(module: ModuleType, indices: list[int], settings: harness.Settings
-              ) -> list[dict[str, Any]]:
+def run_cases(
+    module: ModuleType, indices: list[int], settings: harness.Settings
+) -> list[dict[str, Any]]:
     """Builds, checks and times the cases at `indices` of `module.CASES`, in this process."""
     rows = []
     for index in indices:
@@ -121,27 +127,42 @@ def run_cases(module: ModuleType, indices: list[int], settings: harness.Settings
         row = {"index": index, **case.meta}
         row |= harness.measure(case.name, case.build(), settings)
         rows.append(row)
-        print(f"  {case.name}: fastpjit {harness.fmt_us(row['ours_us'])} µs, "
-              f"JAX {harness.fmt_us(row['jax_us'])} µs, "
-              f"floor {harness.fmt_us(row['floor_us'])} µs, "
-              f"speedup {harness.fmt_ratio(row['speedup'])}", file=sys.stderr, flush=True)
+        print(
+            f"  {case.name}: fastpjit {harness.fmt_us(row['ours_us'])} µs, "
+            f"JAX {harness.fmt_us(row['jax_us'])} µs, "
+            f"floor {harness.fmt_us(row['floor_us'])} µs, "
+            f"speedup {harness.fmt_ratio(row['speedup'])}",
+            file=sys.stderr,
+            flush=True,
+        )
     return rows
 
 
-def run_worker(name: str, devices: int, indices: list[int], quick: bool
-               ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def run_worker(
+    name: str, devices: int, indices: list[int], quick: bool
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Runs cases in a child process that has `devices` CPU devices."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "rows.json"
-        command = [sys.executable, str(Path(__file__).resolve()), "--worker", name,
-                   "--cases", ",".join(map(str, indices)), "--out", str(out)]
+        command = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--worker",
+            name,
+            "--cases",
+            ",".join(map(str, indices)),
+            "--out",
+            str(out),
+        ]
         if quick:
             command.append("--quick")
         env = dict(os.environ, XLA_FLAGS=_xla_flags(devices))
         done = subprocess.run(command, env=env, check=False)
         if done.returncode != 0:
-            sys.exit(f"benchmark {name}: the worker with {devices} devices failed "
-                     f"(exit status {done.returncode})")
+            sys.exit(
+                f"benchmark {name}: the worker with {devices} devices failed "
+                f"(exit status {done.returncode})"
+            )
         payload = json.loads(out.read_text())
     return payload["rows"], payload["process"]
 
@@ -150,8 +171,9 @@ def run_module(name: str, args: argparse.Namespace) -> dict[str, Any] | None:
     """Runs one benchmark module's cases, each in a process with the devices it needs."""
     module = importlib.import_module(f"bench_{name}")
     settings = harness.Settings.of(args.quick)
-    selected = [i for i, case in enumerate(module.CASES)
-                if args.case is None or args.case in case.name]
+    selected = [
+        i for i, case in enumerate(module.CASES) if args.case is None or args.case in case.name
+    ]
     if not selected:
         return None
     here = len(jax.devices())
@@ -171,8 +193,11 @@ def run_module(name: str, args: argparse.Namespace) -> dict[str, Any] | None:
             rows += worker_rows
             processes.append(process)
             if process["core_build"] != MAIN_PROCESS["core_build"]:
-                print(f"warning: the worker with {devices} devices loaded another build of "
-                      "fastpjit._core than this process", file=sys.stderr)
+                print(
+                    f"warning: the worker with {devices} devices loaded another build of "
+                    "fastpjit._core than this process",
+                    file=sys.stderr,
+                )
     rows.sort(key=lambda row: row["index"])
     return {
         "name": name,
@@ -183,8 +208,9 @@ def run_module(name: str, args: argparse.Namespace) -> dict[str, Any] | None:
     }
 
 
-def section(result: dict[str, Any], env: dict[str, Any], command: str, date: str,
-            quick: bool) -> str:
+def section(
+    result: dict[str, Any], env: dict[str, Any], command: str, date: str, quick: bool
+) -> str:
     """The Markdown section of one benchmark in BENCHMARKS.md."""
     module = result["module"]
     title, _, intro = (module.__doc__ or result["name"]).strip().partition("\n")
@@ -202,8 +228,11 @@ def section(result: dict[str, Any], env: dict[str, Any], command: str, date: str
         harness.markdown_table(result["rows"], getattr(module, "COLUMNS", ())),
     ]
     if len(builds) > 1:
-        parts.insert(2, f"**Warning: the native module was rebuilt during the run** (builds "
-                        f"{', '.join(builds)}); rows from different processes are not comparable.")
+        parts.insert(
+            2,
+            f"**Warning: the native module was rebuilt during the run** (builds "
+            f"{', '.join(builds)}); rows from different processes are not comparable.",
+        )
     if hasattr(module, "notes"):
         parts.append(module.notes(result["rows"], result["processes"]).strip())
     if hasattr(module, "PLOT"):
@@ -225,8 +254,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer, shorter rounds")
     parser.add_argument("--only", metavar="NAME", help="run only benches/bench_NAME.py")
-    parser.add_argument("--case", metavar="TEXT",
-                        help="run only cases whose name contains TEXT; writes no files")
+    parser.add_argument(
+        "--case", metavar="TEXT", help="run only cases whose name contains TEXT; writes no files"
+    )
     parser.add_argument("--worker", metavar="NAME", help=argparse.SUPPRESS)
     parser.add_argument("--cases", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)

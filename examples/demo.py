@@ -28,8 +28,9 @@ def show_index(index):
 
 def same(ours, theirs):
     leaves = zip(jax.tree.leaves(ours), jax.tree.leaves(theirs), strict=True)
-    return all(a.sharding == b.sharding and a.dtype == b.dtype and np.array_equal(a, b)
-               for a, b in leaves)
+    return all(
+        a.sharding == b.sharding and a.dtype == b.dtype and np.array_equal(a, b) for a, b in leaves
+    )
 
 
 SETTINGS = Settings(rounds=15, round_s=0.01)
@@ -56,8 +57,11 @@ def latency_cases(mesh, x):
         ("jit f(x, 2.0): a Python scalar", lambda v, s: v * s, (one, 2.0)),
         ("jit f(params, x, 0.1): 1000-leaf parameter tree", sgd, (tree, one, 0.1)),
         ("pmap f(x), 8 devices", fastpjit.pmap(lambda v: v + 1), (stacked,)),
-        ("bound serving call g(x), g = jit(step).bind(100 weights)",
-         fastpjit.jit(serve).bind(weights), (one,)),
+        (
+            "bound serving call g(x), g = jit(step).bind(100 weights)",
+            fastpjit.jit(serve).bind(weights),
+            (one,),
+        ),
         ("jit f(x), 8 devices, P('x')", lambda v: v + 1, (sharded,)),
     ]
 
@@ -72,8 +76,10 @@ def main():
         return v / jax.lax.psum(v, "i")
 
     ours, theirs = fastpjit.pmap(normalise, "i")(x), jax.pmap(normalise, "i")(x)
-    print("pmap(x / psum(x, 'i')) on an (8, 4) array:", "same as JAX" if same(ours, theirs)
-          else "DIFFERENT FROM JAX")
+    print(
+        "pmap(x / psum(x, 'i')) on an (8, 4) array:",
+        "same as JAX" if same(ours, theirs) else "DIFFERENT FROM JAX",
+    )
     print("  row sums:", np.asarray(ours).sum(axis=0))
 
     # pjit, 2022 style: the old keywords and the old mesh context manager.
@@ -81,8 +87,9 @@ def main():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         with mesh:
-            out = fastpjit.pjit(lambda v: v * 2, in_axis_resources=None,
-                                out_axis_resources=P("x", "y"))(x)
+            out = fastpjit.pjit(
+                lambda v: v * 2, in_axis_resources=None, out_axis_resources=P("x", "y")
+            )(x)
     print("\npjit(..., out_axis_resources=P('x', 'y')) under `with mesh:`:")
     for shard in out.addressable_shards[:4]:
         print(f"  device {shard.device.id}: {show_index(shard.index)}")
@@ -97,21 +104,35 @@ def main():
     # by the harness of `fastpjit.benchmark`: interleaved rounds, each call's results waited
     # for, medians with their spread.
     print(f"\nµs per call on {harness.describe(harness.environment())}")
-    print("(median of 15 interleaved rounds, results checked equal first; speedup = JAX / "
-          "fastpjit;\n overhead = (fastpjit - floor) / (JAX - floor); spread = the rounds' "
-          "interquartile range / median)\n")
-    rows = [measure_call(fn, args, {}, SETTINGS, name=title).row
-            for title, fn, args in latency_cases(mesh, x)]
+    print(
+        "(median of 15 interleaved rounds, results checked equal first; speedup = JAX / "
+        "fastpjit;\n overhead = (fastpjit - floor) / (JAX - floor); spread = the rounds' "
+        "interquartile range / median)\n"
+    )
+    rows = [
+        measure_call(fn, args, {}, SETTINGS, name=title).row
+        for title, fn, args in latency_cases(mesh, x)
+    ]
     put, copied = NamedSharding(mesh, P("x")), np.zeros_like(x)
-    rows.append(harness.measure("device_put of an (8, 4) numpy array, P('x')", Sides(
-        ours=lambda: fastpjit.device_put(x, put).block_until_ready(),
-        jax=lambda: jax.device_put(x, put).block_until_ready(),
-        floor=lambda: np.copyto(copied, x), check=same_result), SETTINGS))
+    rows.append(
+        harness.measure(
+            "device_put of an (8, 4) numpy array, P('x')",
+            Sides(
+                ours=lambda: fastpjit.device_put(x, put).block_until_ready(),
+                jax=lambda: jax.device_put(x, put).block_until_ready(),
+                floor=lambda: np.copyto(copied, x),
+                check=same_result,
+            ),
+            SETTINGS,
+        )
+    )
     print(harness.text_table(rows))
-    print("\nfastpjit is for the calls whose cost is dispatch: Python scalars, parameter trees, "
-          "pmap,\nbound serving calls. Where the program itself dominates (8 CPU devices "
-          "sharing this\nmachine's cores), both dispatchers sit on the floor: a tie within "
-          "the spread.")
+    print(
+        "\nfastpjit is for the calls whose cost is dispatch: Python scalars, parameter trees, "
+        "pmap,\nbound serving calls. Where the program itself dominates (8 CPU devices "
+        "sharing this\nmachine's cores), both dispatchers sit on the floor: a tie within "
+        "the spread."
+    )
     print("\nfastpjit.stats():", fastpjit.stats())
 
 

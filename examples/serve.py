@@ -50,16 +50,27 @@ def init_params(seed: int = 0) -> dict[str, Any]:
     def dense(*shape: int) -> np.ndarray:
         return (rng.standard_normal(shape) / np.sqrt(shape[0])).astype(np.float32)
 
-    layers = [{"wq": dense(MODEL, MODEL), "wk": dense(MODEL, MODEL), "wv": dense(MODEL, MODEL),
-               "wo": dense(MODEL, MODEL), "w1": dense(MODEL, 4 * MODEL),
-               "w2": dense(4 * MODEL, MODEL)} for _ in range(LAYERS)]
+    layers = [
+        {
+            "wq": dense(MODEL, MODEL),
+            "wk": dense(MODEL, MODEL),
+            "wv": dense(MODEL, MODEL),
+            "wo": dense(MODEL, MODEL),
+            "w1": dense(MODEL, 4 * MODEL),
+            "w2": dense(4 * MODEL, MODEL),
+        }
+        for _ in range(LAYERS)
+    ]
     return {"embed": dense(VOCAB, MODEL), "layers": layers, "unembed": dense(MODEL, VOCAB)}
 
 
 def shardings(mesh: Any) -> dict[str, Any]:
     """Tensor parallelism: attention by heads, the MLP by its hidden units."""
-    columns, rows, whole = (NamedSharding(mesh, P(None, "model")),
-                            NamedSharding(mesh, P("model", None)), NamedSharding(mesh, P()))
+    columns, rows, whole = (
+        NamedSharding(mesh, P(None, "model")),
+        NamedSharding(mesh, P("model", None)),
+        NamedSharding(mesh, P()),
+    )
     layer = {"wq": columns, "wk": columns, "wv": columns, "wo": rows, "w1": columns, "w2": rows}
     return {"embed": whole, "layers": [layer] * LAYERS, "unembed": whole}
 
@@ -90,8 +101,9 @@ def decode_step(params: dict[str, Any], token: Any, position: Any, cache: Any) -
     return jnp.argmax(x @ params["unembed"]).astype(jnp.int32), cache
 
 
-def serve(step: Any, requests: list[int], tokens: int, mesh: Any | None,
-          progress: Any) -> tuple[dict[int, list[int]], list[float]]:
+def serve(
+    step: Any, requests: list[int], tokens: int, mesh: Any | None, progress: Any
+) -> tuple[dict[int, list[int]], list[float]]:
     """Decodes `tokens` tokens for each request on `WORKERS` threads: the tokens of each
     request, and every step's latency in seconds."""
     work: queue.Queue[tuple[int, int]] = queue.Queue()
@@ -142,10 +154,14 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=24, help="requests per way")
     parser.add_argument("--tokens", type=int, default=24, help="tokens decoded per request")
     parser.add_argument("--out", default="serve_latency.png", help="the histogram's file")
-    parser.add_argument("--record", metavar="PATH",
-                        help="save the signatures served to PATH (fastpjit.save_signatures)")
-    parser.add_argument("--warm-up", metavar="PATH",
-                        help="compile the signatures saved in PATH before serving")
+    parser.add_argument(
+        "--record",
+        metavar="PATH",
+        help="save the signatures served to PATH (fastpjit.save_signatures)",
+    )
+    parser.add_argument(
+        "--warm-up", metavar="PATH", help="compile the signatures saved in PATH before serving"
+    )
     args = parser.parse_args()
 
     mesh = None
@@ -157,9 +173,11 @@ def main() -> None:
     bound = fastpjit.jit(decode_step, **donate).bind(params)
     plain = fastpjit.jit(decode_step, **donate)
     theirs = jax.jit(decode_step, **donate)
-    ways = {"fastpjit bound": bound,
-            "fastpjit.jit": lambda *a: plain(params, *a),
-            "jax.jit": lambda *a: theirs(params, *a)}
+    ways = {
+        "fastpjit bound": bound,
+        "fastpjit.jit": lambda *a: plain(params, *a),
+        "jax.jit": lambda *a: theirs(params, *a),
+    }
     # The names under which the record keeps the functions' signatures.
     recorded = {"decode_step": plain}
 
@@ -171,8 +189,10 @@ def main() -> None:
     fastpjit.reset_stats()
     began = time.perf_counter()
     serve(bound, requests[:1], 2, mesh, _NoProgress())
-    print(f"first request's two tokens, fastpjit bound: {time.perf_counter() - began:.3f} s, "
-          f"{fastpjit.stats()['cache_misses']} cache misses")
+    print(
+        f"first request's two tokens, fastpjit bound: {time.perf_counter() - began:.3f} s, "
+        f"{fastpjit.stats()['cache_misses']} cache misses"
+    )
     for step in ways.values():  # compile outside the timing
         serve(step, requests[:1], 2, mesh, _NoProgress())
     answers: dict[str, dict[int, list[int]]] = {name: {} for name in ways}
@@ -181,7 +201,7 @@ def main() -> None:
     with _progress(total=len(ways) * len(requests), unit="request") as progress:
         # Interleaved: each way serves a slice of the requests in turn.
         for start in range(0, len(requests), WORKERS):
-            chunk = requests[start:start + WORKERS]
+            chunk = requests[start : start + WORKERS]
             for name, step in ways.items():
                 began = time.perf_counter()
                 got, times = serve(step, chunk, args.tokens, mesh, progress)
@@ -191,8 +211,10 @@ def main() -> None:
     first = next(iter(answers.values()))
     for name, got in answers.items():
         assert got == first, f"{name} decoded other tokens than {next(iter(answers))}"
-    print(f"{len(requests)} requests × {args.tokens} tokens on {args.devices} device(s), "
-          f"{WORKERS} worker threads: every way decoded the same tokens.")
+    print(
+        f"{len(requests)} requests × {args.tokens} tokens on {args.devices} device(s), "
+        f"{WORKERS} worker threads: every way decoded the same tokens."
+    )
     print(f"{'':16} {'p50 µs':>8} {'p90 µs':>8} {'p99 µs':>8} {'tokens/s':>9}")
     for name, times in latencies.items():
         p50, p90, p99 = np.percentile(np.array(times) * 1e6, [50, 90, 99])
@@ -215,6 +237,7 @@ def _progress(total: int, unit: str) -> Any:
     except ImportError:
         print("(pip install 'fastpjit[tools]' for a progress bar)")
         import contextlib
+
         return contextlib.nullcontext(_NoProgress())
     return tqdm(total=total, unit=unit)
 

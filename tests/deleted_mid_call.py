@@ -68,25 +68,39 @@ stop.set()
 thread.join()
 """
 
-CONFIGS = [("jax", 1), ("fastpjit", 1), ("jax", 8), ("fastpjit", 8), ("jaxpmap", 8),
-           ("fastpjitpmap", 8)]
+CONFIGS = [
+    ("jax", 1),
+    ("fastpjit", 1),
+    ("jax", 8),
+    ("fastpjit", 8),
+    ("jaxpmap", 8),
+    ("fastpjitpmap", 8),
+]
 
 
 def main() -> None:
     trials = int(sys.argv[1]) if len(sys.argv) > 1 else 10
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-               JAX_PLATFORMS="cpu")
+    env = dict(
+        os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu"
+    )
     for guarded in ("0", "1"):
         for api, ndev in CONFIGS:
             crashed = failed = 0
             for seed in range(trials):
-                done = subprocess.run([sys.executable, "-c", CHILD, api, str(ndev), str(seed),
-                                       guarded], capture_output=True, env=env, timeout=120)
+                done = subprocess.run(
+                    [sys.executable, "-c", CHILD, api, str(ndev), str(seed), guarded],
+                    capture_output=True,
+                    env=env,
+                    timeout=120,
+                )
                 crashed += done.returncode < 0
                 failed += done.returncode > 0
             label = "guarded " if guarded == "1" else ""
-            print(f"{label}{api} on {ndev} devices: {crashed}/{trials} crashed"
-                  + (f", {failed} failed otherwise" if failed else ""), flush=True)
+            print(
+                f"{label}{api} on {ndev} devices: {crashed}/{trials} crashed"
+                + (f", {failed} failed otherwise" if failed else ""),
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -43,7 +43,8 @@ def assert_same_global_array(ours, theirs):
     ours_shards = sorted(ours.addressable_shards, key=lambda s: s.device.id)
     theirs_shards = sorted(theirs.addressable_shards, key=lambda s: s.device.id)
     assert [(s.device, s.index) for s in ours_shards] == [
-        (s.device, s.index) for s in theirs_shards]
+        (s.device, s.index) for s in theirs_shards
+    ]
     for a, b in zip(ours_shards, theirs_shards, strict=True):
         assert a.data.dtype == b.data.dtype and a.data.shape == b.data.shape
         np.testing.assert_array_equal(np.asarray(a.data), np.asarray(b.data))
@@ -81,9 +82,7 @@ def check_index_maps(sharding, shape, local_devices):
     assert all(d.process_index == jax.process_index() for d in ours_local)
 
     assert fastpjit.shard_shape(sharding, shape) == sharding.shard_shape(shape)
-    assert fastpjit.device_replica_id_map(sharding, shape) == device_replica_id_map(
-        sharding, shape
-    )
+    assert fastpjit.device_replica_id_map(sharding, shape) == device_replica_id_map(sharding, shape)
     expected = [
         [[s.start or 0, n if s.stop is None else s.stop] for s, n in zip(index, shape, strict=True)]
         for index in (ours[d] for d in sharding._device_assignment)
@@ -116,8 +115,12 @@ def index_maps():
         (NamedSharding(remote_only, P("x")), (4, 4)),
         (SingleDeviceSharding(remote[0]), (3, 3)),
         (SingleDeviceSharding(local[-1]), (3, 3)),
-        (fastpjit.parse_hlo_sharding("{devices=[2,1,4]<=[8] last_tile_dim_replicate}",
-                                     devices()), (4, 6)),
+        (
+            fastpjit.parse_hlo_sharding(
+                "{devices=[2,1,4]<=[8] last_tile_dim_replicate}", devices()
+            ),
+            (4, 6),
+        ),
         (fastpjit.parse_hlo_sharding("{devices=[4,2]<=[2,4]T(1,0)}", by_process()), (8, 2)),
     ]
     for sharding, shape in cases:
@@ -177,8 +180,9 @@ def device_put_across_processes():
             sharding = NamedSharding(mesh, spec)
             unaligned = np.arange(65, dtype=np.float32)[1:].reshape(8, 8)
             for value in (host, unaligned, host.T):
-                assert_same_global_array(fastpjit.device_put(value, sharding),
-                                         jax.device_put(value, sharding))
+                assert_same_global_array(
+                    fastpjit.device_put(value, sharding), jax.device_put(value, sharding)
+                )
 
 
 def hits_only(call: Callable[[], object]) -> object:
@@ -345,8 +349,15 @@ def make_array_2d_mesh():
 @check
 def make_array_dtypes_and_layouts():
     sharding = NamedSharding(mesh_2x4(), P("x", "y"))
-    for dtype in (np.float64, np.int64, np.int8, np.uint16, np.bool_, np.complex64,
-                  ml_dtypes.bfloat16):
+    for dtype in (
+        np.float64,
+        np.int64,
+        np.int8,
+        np.uint16,
+        np.bool_,
+        np.complex64,
+        ml_dtypes.bfloat16,
+    ):
         compare_with_jax(sharding, local_values((4, 8), dtype))
     base = local_values((8, 4))
     compare_with_jax(sharding, base.T)  # not C-ordered
@@ -367,16 +378,22 @@ def make_array_bad_input():
     mesh = mesh_2x4()
     sharding = NamedSharding(mesh, P("x", "y"))
     # A local extent that is neither the global one nor this process's share.
-    for local_shape, global_shape in [((3, 8), (8, 8)), ((4, 8), (8, 16)), ((4, 6), (8, 8)),
-                                      ((4, 8), (8, None)), ((4, 8), (8, 8, 1)),
-                                      ((4, 6), None)]:  # 6 columns over 4 devices
+    for local_shape, global_shape in [
+        ((3, 8), (8, 8)),
+        ((4, 8), (8, 16)),
+        ((4, 6), (8, 8)),
+        ((4, 8), (8, None)),
+        ((4, 8), (8, 8, 1)),
+        ((4, 6), None),
+    ]:  # 6 columns over 4 devices
         error = compare_with_jax(sharding, local_values(local_shape), global_shape)
         assert isinstance(error, ValueError), (local_shape, global_shape, error)
     # Devices of the two processes mixed so that they hold overlapping but unequal sets of
     # columns: no global shape follows from the local one.
     d = devices()
-    mixed = Mesh(np.array([d[0], d[1], d[2], d[4], d[5], d[3], d[6], d[7]]).reshape(2, 4),
-                 ("x", "y"))
+    mixed = Mesh(
+        np.array([d[0], d[1], d[2], d[4], d[5], d[3], d[6], d[7]]).reshape(2, 4), ("x", "y")
+    )
     error = compare_with_jax(NamedSharding(mixed, P("x", "y")), local_values((4, 6)))
     assert isinstance(error, ValueError) and "non-uniform" in str(error), error
 
@@ -391,7 +408,8 @@ def make_array_counts_what_jax_does():
     local = jax.device_put(local_values((4, 8)), jax.local_devices()[0])
     compare_with_jax(sharding, local, fallbacks=1)
     assert list(fastpjit.stats()["fallbacks"]) == [
-        "make_array_from_process_local_data: a leaf that is not a numpy array"]
+        "make_array_from_process_local_data: a leaf that is not a numpy array"
+    ]
 
 
 def main() -> int:

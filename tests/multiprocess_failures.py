@@ -36,7 +36,8 @@ def main(mode: str) -> None:
         time.sleep(3600)
     mesh = jax.make_mesh((8,), ("x",))
     x = fastpjit.make_array_from_process_local_data(
-        NamedSharding(mesh, P("x")), np.ones(jax.local_device_count(), np.float32))
+        NamedSharding(mesh, P("x")), np.ones(jax.local_device_count(), np.float32)
+    )
     print("entering the collective", flush=True)
     total = fastpjit.jit(jnp.sum, out_shardings=NamedSharding(mesh, P()))(x)
     print(f"the collective finished: {float(total)}", flush=True)

@@ -70,8 +70,12 @@ def test_a_plain_function_with_a_python_scalar():
 def test_a_jax_jit_function_keeps_its_statics_shardings_and_donation():
     mesh = jax.make_mesh((8,), ("x",))
     sharding = NamedSharding(mesh, P("x"))
-    step = jax.jit(lambda state, x, n: state * 0.5 + x * n, static_argnums=2,
-                   donate_argnums=0, out_shardings=sharding)
+    step = jax.jit(
+        lambda state, x, n: state * 0.5 + x * n,
+        static_argnums=2,
+        donate_argnums=0,
+        out_shardings=sharding,
+    )
     state = jax.device_put(np.ones((8, 4), np.float32), sharding)
     x = jax.device_put(np.arange(32, dtype=np.float32).reshape(8, 4), sharding)
     _check_report(measure_call(step, (state, x, 3), {}, QUICK))
@@ -83,11 +87,9 @@ def test_a_jax_jit_function_keeps_its_statics_shardings_and_donation():
 @pytest.mark.timeout(120)
 def test_fastpjit_functions_pmap_aot_and_bound():
     stacked = jax.pmap(lambda v: v)(np.arange(32, dtype=np.float32).reshape(8, 4))
-    _check_report(measure_call(fastpjit.pmap(scale, in_axes=(0, None)), (stacked, 2.0), {},
-                               QUICK))
+    _check_report(measure_call(fastpjit.pmap(scale, in_axes=(0, None)), (stacked, 2.0), {}, QUICK))
     x = jnp.ones(4)
-    _check_report(measure_call(fastpjit.jit(scale).lower(x, 2.0).compile(), (x, 2.0), {},
-                               QUICK))
+    _check_report(measure_call(fastpjit.jit(scale).lower(x, 2.0).compile(), (x, 2.0), {}, QUICK))
     params = {f"w{i}": jnp.full(4, i, jnp.float32) for i in range(10)}
     bound = fastpjit.jit(lambda p, v: jax.tree.map(lambda w: w * v, p)).bind(params)
     assert _check_report(measure_call(bound, (x,), {}, QUICK))["name"].endswith("bound")
@@ -127,8 +129,21 @@ def test_plot_writes_a_png_and_without_matplotlib_says_what_to_install(tmp_path,
 def test_the_bench_command_writes_its_json_and_plot(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # it asks for 8 devices
     done = subprocess.run(
-        [sys.executable, "-m", "fastpjit.bench", "--quick", "--only", r"^jit, 1 dev: f\(x\)$",
-         "--out", str(tmp_path)], env=env, capture_output=True, text=True, timeout=220)
+        [
+            sys.executable,
+            "-m",
+            "fastpjit.bench",
+            "--quick",
+            "--only",
+            r"^jit, 1 dev: f\(x\)$",
+            "--out",
+            str(tmp_path),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=220,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "8 × cpu" in done.stdout and "load average" in done.stdout
     payload = json.loads((tmp_path / "bench.json").read_text())
@@ -146,8 +161,11 @@ def test_the_bench_command_writes_its_json_and_plot(tmp_path):
 
 def test_the_bench_command_rejects_a_pattern_that_matches_nothing(tmp_path):
     done = subprocess.run(
-        [sys.executable, "-m", "fastpjit.bench", "--only", "no such row", "--out",
-         str(tmp_path)], capture_output=True, text=True, timeout=120)
+        [sys.executable, "-m", "fastpjit.bench", "--only", "no such row", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2
     assert "no row matches 'no such row'" in done.stderr
 

@@ -33,8 +33,10 @@ def decode_step(params, token, cache, scale=1.0):
 
 def host_params(features: int = 4) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(0)
-    return {"w": rng.standard_normal((features, 8), dtype=np.float32),
-            "b": np.arange(8, dtype=np.float32)}
+    return {
+        "w": rng.standard_normal((features, 8), dtype=np.float32),
+        "b": np.arange(8, dtype=np.float32),
+    }
 
 
 @pytest.mark.parametrize("devices", [1, 8])
@@ -57,8 +59,7 @@ def test_bound_prefix_and_keywords_match_jax(devices):
 
 
 def test_bound_numpy_trees_are_placed_once_and_64_bit_values_are_left_to_each_call():
-    params = {"w": np.ones((4, 8), np.float32), "b": np.arange(8, dtype=np.float64),
-              "lr": 0.5}
+    params = {"w": np.ones((4, 8), np.float32), "b": np.arange(8, dtype=np.float64), "lr": 0.5}
     g = fastpjit.jit(lambda p, x: x @ p["w"] + p["b"] * p["lr"]).bind(params)
     x = jnp.ones((2, 4))
     g(x)  # placed after the first call, on the shardings that its executable takes
@@ -67,12 +68,17 @@ def test_bound_numpy_trees_are_placed_once_and_64_bit_values_are_left_to_each_ca
     assert type(bound["b"]) is np.ndarray and bound["lr"] == 0.5  # dtype depends on x64
     params["w"][:] = 7.0  # the host array after binding: the bound copy does not change
     expected = jax.jit(lambda p, x: x @ p["w"] + p["b"] * p["lr"])(
-        {"w": np.ones((4, 8), np.float32), "b": params["b"], "lr": 0.5}, x)
+        {"w": np.ones((4, 8), np.float32), "b": params["b"], "lr": 0.5}, x
+    )
     for _ in range(3):
         assert_same_outputs(g(x), expected)
     with jax.enable_x64(True):
-        assert_same_outputs(g(x), jax.jit(lambda p, x: x @ p["w"] + p["b"] * p["lr"])(
-            {"w": bound["w"], "b": params["b"], "lr": 0.5}, x))
+        assert_same_outputs(
+            g(x),
+            jax.jit(lambda p, x: x @ p["w"] + p["b"] * p["lr"])(
+                {"w": bound["w"], "b": params["b"], "lr": 0.5}, x
+            ),
+        )
 
 
 def test_static_arguments_beside_bound_ones():
@@ -112,8 +118,9 @@ def test_new_per_call_shapes_recompile_and_are_counted():
     misses, compiles = stats.get("cache_misses", 0), stats.get("compiles", 0)
     for rows in (2, 3, 2, 4):
         x = jnp.ones((rows, 5))
-        assert_same_outputs(g(x, jnp.zeros(())), jax.jit(decode_step)(host_params(features=5), x,
-                                                                       jnp.zeros(())))
+        assert_same_outputs(
+            g(x, jnp.zeros(())), jax.jit(decode_step)(host_params(features=5), x, jnp.zeros(()))
+        )
     stats = fastpjit.stats()["functions"]["decode_step"]
     # The first call places the bound numpy weights: its signature is the only other miss,
     # and it compiles nothing.
@@ -131,8 +138,11 @@ def test_a_deleted_bound_argument_raises_jax_s_error_naming_it(devices):
     g = fastpjit.jit(decode_step).bind(params)
     g(token, jnp.zeros(()))
     params["w"].delete()
-    with pytest.raises(RuntimeError, match=r"bound argument args\[0\]\['w'\]: Array has been "
-                                           r"deleted"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"bound argument args\[0\]\['w'\]: Array has been "
+        r"deleted",
+    ):
         g(token, jnp.zeros(()))
 
 
@@ -171,13 +181,16 @@ def test_a_bound_function_inside_jit_grad_and_vmap_stages_like_partial():
     def loss(fn: Any, t: Any) -> Any:
         return fn(t, cache)[0].sum()
 
-    assert_same_outputs(jax.jit(loss, static_argnums=0)(g, token),
-                        jax.jit(loss, static_argnums=0)(p, token))
-    assert_same_outputs(jax.grad(lambda t: loss(g, t))(token),
-                        jax.grad(lambda t: loss(p, t))(token))
+    assert_same_outputs(
+        jax.jit(loss, static_argnums=0)(g, token), jax.jit(loss, static_argnums=0)(p, token)
+    )
+    assert_same_outputs(
+        jax.grad(lambda t: loss(g, t))(token), jax.grad(lambda t: loss(p, t))(token)
+    )
     tokens = jnp.ones((3, 8, 4))
-    assert_same_outputs(jax.vmap(lambda t: g(t, cache))(tokens),
-                        jax.vmap(lambda t: p(t, cache))(tokens))
+    assert_same_outputs(
+        jax.vmap(lambda t: g(t, cache))(tokens), jax.vmap(lambda t: p(t, cache))(tokens)
+    )
 
 
 def test_pmap_aot_and_compile_hlo_functions_bind():
@@ -185,14 +198,19 @@ def test_pmap_aot_and_compile_hlo_functions_bind():
     pmapped = fastpjit.pmap(lambda a, b: a * b)
     g = pmapped.bind(x)
     for _ in range(2):
-        assert_same_outputs(g(jnp.full((8, 2), 2.0)), jax.pmap(lambda a, b: a * b)(
-            x, jnp.full((8, 2), 2.0)))
+        assert_same_outputs(
+            g(jnp.full((8, 2), 2.0)), jax.pmap(lambda a, b: a * b)(x, jnp.full((8, 2), 2.0))
+        )
     y = jax.device_put(jnp.ones((8, 4)), ROW_8)
     compiled = fastpjit.jit(lambda a, b: a - b).lower(y, y).compile()
     bound = compiled.bind(np.full((8, 4), 3.0, np.float32))
     assert bound._args[0].sharding == compiled.input_shardings[0][0]
-    assert_same_outputs(bound(y), jax.jit(lambda a, b: a - b).lower(y, y).compile()(
-        jax.device_put(np.full((8, 4), 3.0, np.float32), ROW_8), y))
+    assert_same_outputs(
+        bound(y),
+        jax.jit(lambda a, b: a - b)
+        .lower(y, y)
+        .compile()(jax.device_put(np.full((8, 4), 3.0, np.float32), ROW_8), y),
+    )
     hlo = jax.jit(lambda a, b: a + b).lower(jnp.ones(4), jnp.ones(4)).as_text()
     h = fastpjit.compile_hlo(hlo, jax.devices()[:1]).bind(np.full(4, 2.0, np.float32))
     np.testing.assert_array_equal(h(jnp.ones(4)), np.full(4, 3.0))
@@ -222,8 +240,10 @@ def test_new_weights_bound_while_four_threads_call_the_old_function():
     f = fastpjit.jit(decode_step)
     token, cache = jnp.ones((2, 4)), jnp.zeros(())
     current = {"g": f.bind(host_params()), "version": 0}
-    expected = [jax.jit(decode_step)(
-        {"w": host_params()["w"] * v, "b": host_params()["b"]}, token, cache) for v in (1, 2, 3)]
+    expected = [
+        jax.jit(decode_step)({"w": host_params()["w"] * v, "b": host_params()["b"]}, token, cache)
+        for v in (1, 2, 3)
+    ]
     errors: list[BaseException] = []
 
     def serve() -> None:
@@ -309,11 +329,11 @@ def test_the_bound_path_leaves_calls_of_other_signatures_and_contexts_to_the_dis
     for _ in range(4):
         same(token, cache)
     assert fastpjit.stats()["functions"]["decode_step"]["cache_hits"] - hits >= 3
-    same(jnp.ones((3, 4)), cache)                                  # another shape
-    same(jax.device_put(token, jax.devices()[0]), cache)           # committed
+    same(jnp.ones((3, 4)), cache)  # another shape
+    same(jax.device_put(token, jax.devices()[0]), cache)  # committed
     same(jax.device_put(token, ROW_8), jax.device_put(cache, REPLICATED_8))  # 8 devices
-    same(token, cache, scale=2.0)                                  # a keyword
-    same(np.ones((8, 4), np.float32), cache)                       # numpy
+    same(token, cache, scale=2.0)  # a keyword
+    same(np.ones((8, 4), np.float32), cache)  # numpy
     with jax.enable_x64(True):
         same(token, cache)
     f.clear_cache()

@@ -47,28 +47,47 @@ def _weak(value: Any) -> jax.Array:
 
 def _leaf_makers(rng: random.Random) -> list[Callable[[], Any]]:
     """Makers of the leaves a jit call may get; each makes a new object."""
+
     def ints(dtype: Any) -> np.ndarray:
         return ((np.arange(3) + rng.randint(0, 1)) % 2).astype(dtype)
 
     return [
-        lambda: True, lambda: 3, lambda: 2**40, lambda: 2.5, lambda: -0.0, lambda: float("nan"),
-        lambda: 1 + 2j, lambda: np.float32(1.5), lambda: np.int8(3), lambda: np.float64(2.0),
-        lambda: np.bool_(True), lambda: np.uint32(7), lambda: np.float16(0.5),
-        lambda: np.complex64(1j), lambda: np.int64(5), lambda: np.array(4.0, np.float32),
-        lambda: ints(np.float32), lambda: ints(np.int32), lambda: ints(np.uint8),
-        lambda: ints(np.bool_), lambda: ints(">f4"),
+        lambda: True,
+        lambda: 3,
+        lambda: 2**40,
+        lambda: 2.5,
+        lambda: -0.0,
+        lambda: float("nan"),
+        lambda: 1 + 2j,
+        lambda: np.float32(1.5),
+        lambda: np.int8(3),
+        lambda: np.float64(2.0),
+        lambda: np.bool_(True),
+        lambda: np.uint32(7),
+        lambda: np.float16(0.5),
+        lambda: np.complex64(1j),
+        lambda: np.int64(5),
+        lambda: np.array(4.0, np.float32),
+        lambda: ints(np.float32),
+        lambda: ints(np.int32),
+        lambda: ints(np.uint8),
+        lambda: ints(np.bool_),
+        lambda: ints(">f4"),
         lambda: np.arange(6, dtype=np.float32).reshape(2, 3),
         lambda: np.arange(6, dtype=np.float64).reshape(2, 3),
         lambda: np.ones((8, 4), np.float32) * rng.randint(0, 2),
         lambda: np.asfortranarray(np.arange(6, dtype=np.float32).reshape(2, 3)),
         lambda: np.arange(12, dtype=np.float32).reshape(3, 4)[:, ::2],
         lambda: pickle.loads(pickle.dumps(ints(np.float32))),
-        lambda: jnp.arange(3, dtype=jnp.float32), lambda: jnp.arange(3, dtype=jnp.int32),
+        lambda: jnp.arange(3, dtype=jnp.float32),
+        lambda: jnp.arange(3, dtype=jnp.int32),
         lambda: jax.device_put(jnp.arange(3.0), DEVICES[0]),
         lambda: jax.device_put(jnp.arange(3.0), DEVICES[3]),
         lambda: jax.device_put(jnp.ones((8, 4)), NamedSharding(MESH, P("d"))),
         lambda: jax.device_put(jnp.ones((8, 4)), NamedSharding(MESH, P())),
-        lambda: _weak(1.0), lambda: _weak(2), lambda: jnp.array(1.5, jnp.bfloat16),
+        lambda: _weak(1.0),
+        lambda: _weak(2),
+        lambda: jnp.array(1.5, jnp.bfloat16),
         lambda: None,
     ]
 
@@ -88,23 +107,34 @@ def _tree(rng: random.Random, depth: int = 0) -> Any:
 
 def _pmap_value(rng: random.Random) -> Any:
     shape = rng.choice([(8,), (8, 3)])
-    host = (np.arange(np.prod(shape)) % 5).reshape(shape).astype(
-        rng.choice([np.float32, np.int32, np.bool_]))
-    return rng.choice([
-        lambda: host, lambda: jnp.asarray(host), lambda: None,
-        lambda: jax.device_put(host, NamedSharding(MESH, P("d"))),
-    ])()
+    host = (
+        (np.arange(np.prod(shape)) % 5)
+        .reshape(shape)
+        .astype(rng.choice([np.float32, np.int32, np.bool_]))
+    )
+    return rng.choice(
+        [
+            lambda: host,
+            lambda: jnp.asarray(host),
+            lambda: None,
+            lambda: jax.device_put(host, NamedSharding(MESH, P("d"))),
+        ]
+    )()
 
 
 def _contexts(rng: random.Random) -> Callable[[], Any]:
-    return rng.choice([
-        contextlib.nullcontext, contextlib.nullcontext, contextlib.nullcontext,
-        lambda: jax.default_device(DEVICES[2]),
-        lambda: jax.numpy_dtype_promotion("strict"),
-        lambda: jax.enable_x64(True),
-        lambda: jax.default_matmul_precision("float32"),
-        lambda: jax.debug_nans(True),
-    ])
+    return rng.choice(
+        [
+            contextlib.nullcontext,
+            contextlib.nullcontext,
+            contextlib.nullcontext,
+            lambda: jax.default_device(DEVICES[2]),
+            lambda: jax.numpy_dtype_promotion("strict"),
+            lambda: jax.enable_x64(True),
+            lambda: jax.default_matmul_precision("float32"),
+            lambda: jax.debug_nans(True),
+        ]
+    )
 
 
 def _body(*args: Any, **kwargs: Any) -> Any:
@@ -131,8 +161,13 @@ def _scenario(seed: int, steps: int, threads: int = 1) -> None:
     kind = rng.choice(["jit", "jit static", "jit donate", "pmap"])
     options: dict[str, Any] = {
         "jit": {},
-        "jit static": rng.choice([{"static_argnums": (1,)}, {"static_argnames": ("k",)},
-                                  {"static_argnums": (0,), "static_argnames": ("s",)}]),
+        "jit static": rng.choice(
+            [
+                {"static_argnums": (1,)},
+                {"static_argnames": ("k",)},
+                {"static_argnums": (0,), "static_argnames": ("s",)},
+            ]
+        ),
         "jit donate": {"donate_argnums": (0,)},
         "pmap": {},
     }[kind]
@@ -151,8 +186,7 @@ def _scenario(seed: int, steps: int, threads: int = 1) -> None:
     shapes = []
     for _ in range(rng.randint(2, 6)):
         seeds = [rng.randrange(10**9) for _ in range(rng.randint(1, 3))]
-        named = {name: rng.choice(STATICS) for name in sorted(static_names)
-                 if rng.random() < 0.5}
+        named = {name: rng.choice(STATICS) for name in sorted(static_names) if rng.random() < 0.5}
         keyword = kind != "pmap" and rng.random() < 0.3
         # Objects passed again on each call, except where the function donates them.
         kept = kind != "jit donate" and rng.random() < 0.5
@@ -168,8 +202,7 @@ def _scenario(seed: int, steps: int, threads: int = 1) -> None:
             calls = {}
             for side in ("ours", "theirs"):
                 args = []
-                for position, (value_seed, fresh_value) in enumerate(zip(seeds, new,
-                                                                         strict=True)):
+                for position, (value_seed, fresh_value) in enumerate(zip(seeds, new, strict=True)):
                     if kept:
                         key = (value_seed, position, side)
                         with objects_lock:
@@ -177,8 +210,9 @@ def _scenario(seed: int, steps: int, threads: int = 1) -> None:
                                 objects[key] = make(value_seed, position)
                             args.append(objects[key])
                     else:
-                        args.append(make(value_seed + (step * threads + thread) * fresh_value,
-                                         position))
+                        args.append(
+                            make(value_seed + (step * threads + thread) * fresh_value, position)
+                        )
                 kwargs = dict(named)
                 if keyword and len(args) > 1 and len(args) - 1 not in statics:
                     kwargs["y"] = args.pop()
@@ -211,8 +245,9 @@ def _scenario(seed: int, steps: int, threads: int = 1) -> None:
 
 
 def _swapped(call: tuple[list[Any], dict[str, Any]]) -> bool:
-    return any(isinstance(leaf, np.ndarray) and not leaf.dtype.isnative
-               for leaf in jax.tree.leaves(call))
+    return any(
+        isinstance(leaf, np.ndarray) and not leaf.dtype.isnative for leaf in jax.tree.leaves(call)
+    )
 
 
 def _delete_arrays(tree: Any) -> None:

@@ -88,8 +88,10 @@ def test_aot_compiled_function_on_eight_devices_rejects_another_shape_or_dtype()
     ours = fastpjit.jit(lambda a: a + 1).lower(x).compile()
     theirs = jax.jit(lambda a: a + 1).lower(x).compile()
     ours(x)
-    bad_args = [jax.device_put(np.zeros((16, 4), np.float32), ROW_8),
-                jax.device_put(np.zeros((8, 4), np.int32), ROW_8)]
+    bad_args = [
+        jax.device_put(np.zeros((16, 4), np.float32), ROW_8),
+        jax.device_put(np.zeros((8, 4), np.int32), ROW_8),
+    ]
     for bad in bad_args:
         with pytest.raises(TypeError) as expected:
             theirs(bad)
@@ -309,8 +311,9 @@ def test_a_donated_array_on_eight_devices_raises_instead_of_crashing():
         except ValueError as e:
             print("raised ValueError")
     """)
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                            timeout=110)
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=110
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "raised ValueError" in result.stdout
 
@@ -480,9 +483,18 @@ def test_python_scalars_of_every_type_and_sign(value):
 def test_numpy_scalars_and_arrays_of_every_width():
     ours, theirs = both(lambda a, b: a + b)
     x = jnp.arange(4, dtype=jnp.float32)
-    values = [np.float32(1.5), np.float16(1.5), np.int8(3), np.uint8(3), np.bool_(True),
-              np.float64(2.5), np.int64(2), np.arange(4, dtype=np.int16),
-              np.arange(4, dtype=np.float32), unpickled(np.arange(4, dtype=np.float16))]
+    values = [
+        np.float32(1.5),
+        np.float16(1.5),
+        np.int8(3),
+        np.uint8(3),
+        np.bool_(True),
+        np.float64(2.5),
+        np.int64(2),
+        np.arange(4, dtype=np.int16),
+        np.arange(4, dtype=np.float32),
+        unpickled(np.arange(4, dtype=np.float16)),
+    ]
     for v in (*values, *values):
         assert_same_outputs(ours(x, v), theirs(x, v))
 
@@ -490,9 +502,14 @@ def test_numpy_scalars_and_arrays_of_every_width():
 def kept_copies_of(value: np.ndarray) -> list[jax.Array]:
     """The live device arrays that hold `value` (of its shape and dtype): give it values that
     no other test makes."""
-    return [a for a in jax.live_arrays()
-            if a.shape == value.shape and a.dtype == value.dtype and not a.is_deleted()
-            and np.array_equal(np.asarray(a), value)]
+    return [
+        a
+        for a in jax.live_arrays()
+        if a.shape == value.shape
+        and a.dtype == value.dtype
+        and not a.is_deleted()
+        and np.array_equal(np.asarray(a), value)
+    ]
 
 
 @pytest.mark.parametrize("placement", ["one device", "eight devices", "pmap"])
@@ -549,7 +566,7 @@ def aligned_array(values: np.ndarray) -> np.ndarray:
     adopts a host buffer instead of copying it."""
     raw = np.empty(values.nbytes + 64, np.uint8)
     offset = -raw.ctypes.data % 64
-    array = raw[offset:offset + values.nbytes].view(values.dtype).reshape(values.shape)
+    array = raw[offset : offset + values.nbytes].view(values.dtype).reshape(values.shape)
     array[...] = values
     return array
 
@@ -659,8 +676,9 @@ def test_a_donated_argument_that_is_also_another_argument_raises_instead_of_cras
             print("raised", "previously donated in the same call" in str(e))
         print(np.asarray(f(c, jax.device_put(np.ones((8, 4), np.float32), s)))[0, 0])
     """)
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                            timeout=110)
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=110
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split() == ["raised", "True", "2.0"]
 
@@ -673,8 +691,13 @@ def test_the_transfer_guard_watches_kept_host_values(value):
     x = jnp.arange(4.0)
     for f in (ours, theirs):
         f(x, value), f(x, value), f(x, value)
-    levels = (("disallow", True), ("disallow_explicit", True), ("log", False),
-              ("log_explicit", False), ("allow", False))
+    levels = (
+        ("disallow", True),
+        ("disallow_explicit", True),
+        ("log", False),
+        ("log_explicit", False),
+        ("allow", False),
+    )
     for level, raises in levels:
         for f in (theirs, ours):
             with jax.transfer_guard(level):
@@ -715,22 +738,42 @@ class _HasJaxArray:
 # Arguments a dispatcher meets rarely: each either runs, with JAX's values, dtypes and weak
 # types, or fails with JAX's exception and message, on the first call and on cached ones.
 UNUSUAL_ARGUMENTS = {
-    "str": "abc", "bytes": b"ab", "object": object(), "None": None, "int over 64 bits": 2**70,
-    "int under int64": -2**63 - 1, "int over int32": 2**31, "int64 max": 2**63 - 1,
-    "object array": np.array([1, "a"], dtype=object), "str array": np.array(["a"]),
+    "str": "abc",
+    "bytes": b"ab",
+    "object": object(),
+    "None": None,
+    "int over 64 bits": 2**70,
+    "int under int64": -(2**63) - 1,
+    "int over int32": 2**31,
+    "int64 max": 2**63 - 1,
+    "object array": np.array([1, "a"], dtype=object),
+    "str array": np.array(["a"]),
     "datetime64 array": np.array(["2020-01-01"], dtype="datetime64[D]"),
-    "void array": np.zeros(2, dtype="V4"), "structured array": np.zeros(2, dtype=[("a", "f4")]),
+    "void array": np.zeros(2, dtype="V4"),
+    "structured array": np.zeros(2, dtype=[("a", "f4")]),
     "ndarray subclass": np.arange(3.0).view(_NdarraySubclass),
-    "bfloat16 array": np.ones(3, ml_dtypes.bfloat16), "int4 array": np.ones(3, ml_dtypes.int4),
-    "float8 array": np.ones(3, ml_dtypes.float8_e4m3fn), "float16 scalar": np.float16(1.5),
-    "complex128 scalar": np.complex128(1 + 2j), "uint64 scalar over int64": np.uint64(2**63),
-    "numpy bool": np.bool_(True), "IntEnum": _Color.RED, "Decimal": decimal.Decimal(1),
-    "Fraction": fractions.Fraction(1, 2), "__jax_array__": _HasJaxArray(),
-    "0-d array": np.array(3.0), "strided array": np.arange(12.0).reshape(3, 4)[:, ::2],
+    "bfloat16 array": np.ones(3, ml_dtypes.bfloat16),
+    "int4 array": np.ones(3, ml_dtypes.int4),
+    "float8 array": np.ones(3, ml_dtypes.float8_e4m3fn),
+    "float16 scalar": np.float16(1.5),
+    "complex128 scalar": np.complex128(1 + 2j),
+    "uint64 scalar over int64": np.uint64(2**63),
+    "numpy bool": np.bool_(True),
+    "IntEnum": _Color.RED,
+    "Decimal": decimal.Decimal(1),
+    "Fraction": fractions.Fraction(1, 2),
+    "__jax_array__": _HasJaxArray(),
+    "0-d array": np.array(3.0),
+    "strided array": np.arange(12.0).reshape(3, 4)[:, ::2],
     "Fortran-ordered array": np.asfortranarray(np.arange(6.0).reshape(2, 3)),
-    "read-only array": np.frombuffer(b"\0" * 16, np.float32), "memoryview": memoryview(b"abcd"),
-    "range": range(3), "set": {1}, "empty tuple": (),
-    "dict of int and str keys": {1: 2.0, "a": 3.0}, "nan": float("nan"), "-0.0": -0.0,
+    "read-only array": np.frombuffer(b"\0" * 16, np.float32),
+    "memoryview": memoryview(b"abcd"),
+    "range": range(3),
+    "set": {1},
+    "empty tuple": (),
+    "dict of int and str keys": {1: 2.0, "a": 3.0},
+    "nan": float("nan"),
+    "-0.0": -0.0,
     "int64 scalar over int32": np.int64(2**40),
 }
 
@@ -799,7 +842,8 @@ class Boxed:
 
 
 jax.tree_util.register_pytree_node(
-    Boxed, lambda b: ((b.value,), b.label), lambda label, children: Boxed(children[0], label))
+    Boxed, lambda b: ((b.value,), b.label), lambda label, children: Boxed(children[0], label)
+)
 
 
 def combine(tree):
@@ -811,10 +855,18 @@ def test_registered_nodes_key_by_type_node_data_and_children():
     ours, theirs = both(combine)
     x, y = jnp.arange(4.0), jnp.ones(3)
     trees = [
-        Layer(x, y), Layer(x, y, "tanh"), Layer(y, x), Layer({"k": x, "j": y}, None),
-        Pair(x, y), Pair(x, (y, None)), Pair(Layer(x, y), {"b": y, "a": x}),
-        Boxed(x, "one"), Boxed(x, "two"), Boxed({"z": x, "a": y}, "one"),
-        collections.OrderedDict(b=x, a=y), collections.OrderedDict(a=y, b=x),
+        Layer(x, y),
+        Layer(x, y, "tanh"),
+        Layer(y, x),
+        Layer({"k": x, "j": y}, None),
+        Pair(x, y),
+        Pair(x, (y, None)),
+        Pair(Layer(x, y), {"b": y, "a": x}),
+        Boxed(x, "one"),
+        Boxed(x, "two"),
+        Boxed({"z": x, "a": y}, "one"),
+        collections.OrderedDict(b=x, a=y),
+        collections.OrderedDict(a=y, b=x),
         collections.defaultdict(list, b=x, a=y),
     ]
     for tree in (*trees, *trees, *reversed(trees)):
@@ -828,7 +880,8 @@ def test_a_namedtuple_registered_as_a_custom_node_flattens_as_registered():
         b: Any
 
     jax.tree_util.register_pytree_node(
-        Reversed, lambda r: ((r.b, r.a), None), lambda _, c: Reversed(c[1], c[0]))
+        Reversed, lambda r: ((r.b, r.a), None), lambda _, c: Reversed(c[1], c[0])
+    )
     ours, theirs = both(lambda r: r.a - 2 * r.b)
     for r in (Reversed(jnp.arange(3.0), jnp.ones(3)), Reversed(jnp.ones(3), jnp.arange(3.0))):
         assert_same_outputs(ours(r), theirs(r))

@@ -42,21 +42,25 @@ class Counts:
 
     def fallbacks(self) -> dict[str, int]:
         before = self.start["fallbacks"]
-        return {reason: n - before.get(reason, 0)
-                for reason, n in fastpjit.stats()["fallbacks"].items()
-                if n != before.get(reason, 0)}
+        return {
+            reason: n - before.get(reason, 0)
+            for reason, n in fastpjit.stats()["fallbacks"].items()
+            if n != before.get(reason, 0)
+        }
 
 
 def same_sharding(ours: Any, theirs: Any, ndim: int) -> bool:
-    return (ours.is_equivalent_to(theirs, ndim)
-            and ours.devices_indices_map((8,) * ndim) == theirs.devices_indices_map((8,) * ndim))
+    return ours.is_equivalent_to(theirs, ndim) and ours.devices_indices_map(
+        (8,) * ndim
+    ) == theirs.devices_indices_map((8,) * ndim)
 
 
 def annotated(sharding: Any, text: str, devices: Any, ndim: int = 2) -> bool:
     """Whether `sharding` places shards as the HLO sharding `text` over `devices` does; a
     NamedSharding, so that jax.jit takes it."""
-    return (isinstance(sharding, NamedSharding)
-            and same_sharding(sharding, fastpjit.parse_hlo_sharding(text, devices), ndim))
+    return isinstance(sharding, NamedSharding) and same_sharding(
+        sharding, fastpjit.parse_hlo_sharding(text, devices), ndim
+    )
 
 
 # --- The notebook's programs, as PyTorch/XLA prints them -------------------------------------
@@ -128,10 +132,10 @@ def _values(shapes: list[tuple[int, ...]], seed: int = 0) -> list[np.ndarray]:
 
 NOTEBOOK = [
     pytest.param(ADD_HLO, 2, "{devices=[2,1]0,1}", [(8, 4), (8, 4)], np.add, id="add"),
-    pytest.param(MUL_HLO, 8, "{devices=[2,4]0,1,2,3,4,5,6,7}", [(8, 16), (8, 16)],
-                 np.multiply, id="multiply"),
-    pytest.param(MATMUL_HLO, 4, "{devices=[2,2]0,1,2,3}", [(4, 6), (6, 8)], np.matmul,
-                 id="matmul"),
+    pytest.param(
+        MUL_HLO, 8, "{devices=[2,4]0,1,2,3,4,5,6,7}", [(8, 16), (8, 16)], np.multiply, id="multiply"
+    ),
+    pytest.param(MATMUL_HLO, 4, "{devices=[2,2]0,1,2,3}", [(4, 6), (6, 8)], np.matmul, id="matmul"),
 ]
 
 
@@ -167,8 +171,7 @@ def test_notebook_programs_with_placed_arrays(text, devices, annotation, shapes,
     # The outputs feed back in when their sharding is the parameter's (add and multiply).
     if f.out_avals[0] == f.in_avals[0] and f.output_shardings[0] == f.input_shardings[0]:
         (again,) = f(outs[0][0], placed[1])
-        np.testing.assert_array_equal(np.asarray(again), reference(reference(*values),
-                                                                   values[1]))
+        np.testing.assert_array_equal(np.asarray(again), reference(reference(*values), values[1]))
         assert counts.fallbacks() == {}
 
 
@@ -203,7 +206,8 @@ def test_arrays_on_other_shardings_move_and_are_counted():
         (out,) = f(elsewhere, b)
         np.testing.assert_array_equal(np.asarray(out), a + b)
     assert counts.fallbacks() == {
-        "compile_hlo: an argument moved to the executable's sharding by JAX": 2}
+        "compile_hlo: an argument moved to the executable's sharding by JAX": 2
+    }
 
 
 def test_equivalent_shardings_of_another_kind_pass_through():
@@ -284,8 +288,11 @@ ENTRY %main (p0: f32[8,8]) -> (f32[8,2]) {
     (out,) = f(a)
     expected = a.reshape(8, 4, 2).sum(axis=1)
     np.testing.assert_array_equal(np.asarray(out), expected)
-    assert same_sharding(out.sharding, fastpjit.parse_hlo_sharding(
-        "{devices=[2,1,4]<=[8] last_tile_dim_replicate}", DEVICES), 2)
+    assert same_sharding(
+        out.sharding,
+        fastpjit.parse_hlo_sharding("{devices=[2,1,4]<=[8] last_tile_dim_replicate}", DEVICES),
+        2,
+    )
 
 
 def test_devices_map_the_module_device_ids():
@@ -361,9 +368,11 @@ def test_a_donated_buffer_that_is_also_another_argument_is_refused():
     sharding = f.input_shardings[0]
     fresh = [jax.device_put(v, sharding) for v in _values([(8, 4), (8, 4)])]
     c = jax.device_put(np.ones((8, 4), np.float32), sharding)
-    message = (r"INVALID_ARGUMENT: Attempt to use a buffer that was previously donated in the "
-               r"same call to Execute\(\) \(flattened argument 1, replica 0, partition 0, first "
-               r"use: 0\)")
+    message = (
+        r"INVALID_ARGUMENT: Attempt to use a buffer that was previously donated in the "
+        r"same call to Execute\(\) \(flattened argument 1, replica 0, partition 0, first "
+        r"use: 0\)"
+    )
     with pytest.raises(ValueError, match=message):
         f(c, c)  # a miss
     f(*fresh)  # caches the entry for arrays on this sharding
@@ -391,8 +400,9 @@ def _sharded(a, b):
 
 
 def _manual(a):
-    return jax.shard_map(lambda x: jax.lax.psum(x, "y") * 2, mesh=MESH, in_specs=P("x", "y"),
-                         out_specs=P("x"))(a)
+    return jax.shard_map(
+        lambda x: jax.lax.psum(x, "y") * 2, mesh=MESH, in_specs=P("x", "y"), out_specs=P("x")
+    )(a)
 
 
 def _open_output(a):
@@ -400,9 +410,10 @@ def _open_output(a):
 
 
 JAX_PROGRAMS = {
-    "shardings": (lambda: jax.jit(_sharded, in_shardings=(PERMUTED, ROWS),
-                                  out_shardings=(ROWS, COLUMNS)),
-                  [(8, 8), (8, 4)]),
+    "shardings": (
+        lambda: jax.jit(_sharded, in_shardings=(PERMUTED, ROWS), out_shardings=(ROWS, COLUMNS)),
+        [(8, 8), (8, 4)],
+    ),
     "manual": (lambda: jax.jit(_manual), [(8, 8)]),
 }
 
@@ -429,8 +440,9 @@ def module_forms(lowered: Any) -> dict[str, str | bytes]:
 
 def _check_against_jax(f: Any, jitted: Any, args: list[np.ndarray]) -> None:
     compiled = jitted.lower(*args).compile()
-    for ours, theirs, aval in zip(f.input_shardings, compiled.input_shardings[0], f.in_avals,
-                                  strict=True):
+    for ours, theirs, aval in zip(
+        f.input_shardings, compiled.input_shardings[0], f.in_avals, strict=True
+    ):
         assert same_sharding(ours, theirs, aval.ndim), (ours, theirs)
     expected = jax.tree.leaves(jitted(*args))
     counts = Counts()
@@ -442,7 +454,9 @@ def _check_against_jax(f: Any, jitted: Any, args: list[np.ndarray]) -> None:
             np.testing.assert_allclose(np.asarray(ours), np.asarray(theirs), rtol=1e-6)
             assert ours.dtype == theirs.dtype
             assert same_sharding(ours.sharding, theirs.sharding, ours.ndim), (
-                ours.sharding, theirs.sharding)
+                ours.sharding,
+                theirs.sharding,
+            )
     assert counts["cache_hits"] == 1 and counts.fallbacks() == {}
 
 
@@ -463,8 +477,11 @@ def test_modules_lowered_by_jax(shardy, program, form):
         if program == "manual" and form == "hlo text":
             # The manual region and its collective, in GSPMD's or in Shardy's words.
             assert "all-reduce(" in module
-            assert (("SPMDFullToShardShape" in module and "sharding={manual}" in module)
-                    if not shardy else "xla.sdy.GlobalToLocalShape" in module)
+            assert (
+                ("SPMDFullToShardShape" in module and "sharding={manual}" in module)
+                if not shardy
+                else "xla.sdy.GlobalToLocalShape" in module
+            )
         f = fastpjit.compile_hlo(module)
         assert f.num_devices == 8
         _check_against_jax(f, jitted, args)
@@ -531,8 +548,10 @@ def test_malformed_hlo_text_names_the_line():
 
 
 def test_malformed_stablehlo_text_names_the_line():
-    text = ("module @bad {\n  func.func public @main(%a: tensor<2xf32>) -> tensor<2xf32> {\n"
-            "    return %b : tensor<2xf32>\n  }\n}\n")
+    text = (
+        "module @bad {\n  func.func public @main(%a: tensor<2xf32>) -> tensor<2xf32> {\n"
+        "    return %b : tensor<2xf32>\n  }\n}\n"
+    )
     with pytest.raises(ValueError, match=r"(?s)malformed MLIR module.*:3:12: use of undeclared"):
         fastpjit.compile_hlo(text)
 
@@ -568,8 +587,10 @@ def test_wrong_arguments_are_type_errors_before_jaxlib():
             f(*args)
     with pytest.raises(TypeError, match="positional arguments only"):
         f(a, y=b)
-    scalar = fastpjit.compile_hlo("HloModule s\n\nENTRY %main (p: f32[]) -> f32[] {\n"
-                                  "  %p = f32[] parameter(0)\n  ROOT %n = f32[] negate(%p)\n}\n")
+    scalar = fastpjit.compile_hlo(
+        "HloModule s\n\nENTRY %main (p: f32[]) -> f32[] {\n"
+        "  %p = f32[] parameter(0)\n  ROOT %n = f32[] negate(%p)\n}\n"
+    )
     with pytest.raises(TypeError, match=r"parameter 0 expects float32\[\], got int32\[\]"):
         scalar(1)  # a Python int is int32, as JAX takes it
     assert float(scalar(1.5)) == -1.5
@@ -585,8 +606,10 @@ def test_the_compile_is_counted_once():
     counts = Counts()
     f = fastpjit.compile_hlo(ADD_HLO.replace("SyncTensorsGraph.9", "CountedOnce"))
     assert counts["compiles"] == 1
-    placed = [jax.device_put(v, s)
-              for v, s in zip(_values([(8, 4), (8, 4)]), f.input_shardings, strict=True)]
+    placed = [
+        jax.device_put(v, s)
+        for v, s in zip(_values([(8, 4), (8, 4)]), f.input_shardings, strict=True)
+    ]
     for _ in range(3):
         f(*placed)
     assert (counts["compiles"], counts["cache_misses"], counts["cache_hits"]) == (1, 1, 2)
@@ -596,8 +619,10 @@ def test_calls_depend_on_no_jax_configuration():
     # A compiled module reads no configuration: x64, disable_jit, debug_nans or an active
     # trace leave its calls cache hits (jax.jit would retrace or hand them to Python).
     f = fastpjit.compile_hlo(ADD_HLO)
-    placed = [jax.device_put(v, s)
-              for v, s in zip(_values([(8, 4), (8, 4)]), f.input_shardings, strict=True)]
+    placed = [
+        jax.device_put(v, s)
+        for v, s in zip(_values([(8, 4), (8, 4)]), f.input_shardings, strict=True)
+    ]
     expected = np.asarray(f(*placed)[0])
     counts = Counts()
     with jax.disable_jit(), jax.debug_nans(True), jax.enable_x64(True):
@@ -622,8 +647,10 @@ def test_repeated_calls_of_placed_arrays_still_check_every_array(text):
         (out,) = f(out, b)  # the outputs' aval objects are not the first call's
     assert (counts["cache_misses"], counts["cache_hits"]) == (1, 3)
     assert counts.fallbacks() == {}
-    np.testing.assert_array_equal(np.asarray(out), values[0] * values[1] ** 4 if text is MUL_HLO
-                                  else values[0] + 4 * values[1])
+    np.testing.assert_array_equal(
+        np.asarray(out),
+        values[0] * values[1] ** 4 if text is MUL_HLO else values[0] + 4 * values[1],
+    )
     shape = f.in_avals[1].shape
     short = jax.device_put(np.zeros((shape[0] // 2, *shape[1:]), np.float32), sharding)
     with pytest.raises(TypeError, match=r"parameter 1 expects float32\[.*\], got float32"):
@@ -641,8 +668,9 @@ def test_an_array_made_at_a_freed_arrays_address_is_checked_anew():
     sharding, shape = f.input_shardings[0], f.in_avals[0].shape
     b = jax.device_put(np.ones(shape, np.float32), f.input_shardings[1])
     full = jax.jit(lambda: jnp.ones(shape, jnp.float32), out_shardings=sharding)
-    short = jax.jit(lambda: jnp.ones((shape[0] // 2, *shape[1:]), jnp.float32),
-                    out_shardings=sharding)
+    short = jax.jit(
+        lambda: jnp.ones((shape[0] // 2, *shape[1:]), jnp.float32), out_shardings=sharding
+    )
     reused = 0
     for _ in range(5):
         a = full()
@@ -659,7 +687,8 @@ def test_an_array_made_at_a_freed_arrays_address_is_checked_anew():
 
 def test_more_partitions_than_devices():
     text = ADD_HLO.replace("{devices=[2,1]0,1}", "{devices=[16,1]<=[16]}").replace(
-        "f32[8,4]", "f32[16,4]")
+        "f32[8,4]", "f32[16,4]"
+    )
     with pytest.raises(ValueError, match="16 partitions, but there are only 8 devices"):
         fastpjit.compile_hlo(text)
     with pytest.raises(ValueError, match="2 partitions, but 3 devices were given"):
@@ -726,7 +755,10 @@ def test_persistent_compilation_cache_spares_a_second_process_the_compile(tmp_pa
     def child() -> dict[str, Any]:
         result = subprocess.run(
             [sys.executable, "-c", PERSISTENT_CACHE_CHILD, str(tmp_path), ADD_HLO],
-            capture_output=True, text=True, timeout=120)
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert result.returncode == 0, result.stdout + result.stderr[-3000:]
         return json.loads(result.stdout.splitlines()[-1])
 

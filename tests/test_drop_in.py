@@ -27,8 +27,10 @@ from fastpjit._jax.xla_compile import backend_compiles
 from fastpjit._shared import SharedCaches
 
 JAX_JIT, JAX_PMAP = jax_jit, jax_pmap
-DELEGATED = ("jit: new numpy arrays, which JAX's C++ dispatch places for less than jaxlib's "
-             "Python API allows: JAX runs the call")
+DELEGATED = (
+    "jit: new numpy arrays, which JAX's C++ dispatch places for less than jaxlib's "
+    "Python API allows: JAX runs the call"
+)
 
 
 def counts(name: str) -> dict[str, Any]:
@@ -117,6 +119,7 @@ def test_a_module_binds_jit_when_it_is_imported(tmp_path, monkeypatch):
         (tmp_path / f"{name}.py").write_text("from jax import jit\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     import bound_before
+
     with fastpjit.install():
         import bound_after
     assert bound_before.jit is JAX_JIT
@@ -274,8 +277,9 @@ def rewrapped_in_a_loop(v: Any) -> Any:
     return v * 3 + 1
 
 
-@pytest.mark.parametrize("wrap", [fastpjit.jit, fastpjit.pjit,
-                                  functools.partial(fastpjit.jit, donate_argnums=())])
+@pytest.mark.parametrize(
+    "wrap", [fastpjit.jit, fastpjit.pjit, functools.partial(fastpjit.jit, donate_argnums=())]
+)
 def test_jit_applied_again_in_a_loop_hits_and_compiles_once(wrap):
     x = jnp.arange(4.0)
     name = "rewrapped_in_a_loop"
@@ -371,8 +375,13 @@ def test_compile_counts_never_exceed_jax_s():
     same program, which JAX compiles once. Each side runs in a fresh process."""
     per_call = {}
     for side in ("jax", "fastpjit"):
-        done = subprocess.run([sys.executable, "-c", COMPILE_COUNT_CHILD, side],
-                              capture_output=True, text=True, timeout=100, check=False)
+        done = subprocess.run(
+            [sys.executable, "-c", COMPILE_COUNT_CHILD, side],
+            capture_output=True,
+            text=True,
+            timeout=100,
+            check=False,
+        )
         assert done.returncode == 0, done.stderr
         per_call[side] = eval(done.stdout.strip().splitlines()[-1])
     assert sum(per_call["fastpjit"]) <= sum(per_call["jax"]), per_call
@@ -448,7 +457,8 @@ def test_an_equivalent_sharding_over_a_1d_mesh_passes_as_it_is():
 @pytest.mark.timeout(120)
 def test_fastpjit_run_installs_prints_the_summary_and_exits_with_the_script_s_status(tmp_path):
     script = tmp_path / "program.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import sys
         import jax, jax.numpy as jnp
         import fastpjit
@@ -464,21 +474,32 @@ def test_fastpjit_run_installs_prints_the_summary_and_exits_with_the_script_s_st
             x = step(x)
         print("result", list(map(float, x)))
         sys.exit(3)
-    """))
-    done = subprocess.run([sys.executable, "-m", "fastpjit", "run", str(script), "--flag",
-                           "value"], capture_output=True, text=True, timeout=100, check=False)
+    """)
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "fastpjit", "run", str(script), "--flag", "value"],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        check=False,
+    )
     assert done.returncode == 3, done.stderr
     assert "result [5.0, 5.0, 5.0]" in done.stdout
     assert "fastpjit summary:" in done.stderr
-    line, = [line for line in done.stderr.splitlines() if line.startswith("program_step")]
+    (line,) = [line for line in done.stderr.splitlines() if line.startswith("program_step")]
     assert line.split() == ["program_step", "5", "4", "1", "1", "0"]
 
 
 def test_fastpjit_run_reports_a_failing_script_s_error(tmp_path):
     script = tmp_path / "failing.py"
     script.write_text("raise KeyError('missing')\n")
-    done = subprocess.run([sys.executable, "-m", "fastpjit", "run", str(script)],
-                          capture_output=True, text=True, timeout=100, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "fastpjit", "run", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        check=False,
+    )
     assert done.returncode == 1
     assert "KeyError: 'missing'" in done.stderr
     assert "no fastpjit function was called" in done.stderr
@@ -499,8 +520,13 @@ def test_new_numpy_batches_go_to_jax_s_dispatch_counted_and_come_back():
     w = jax.device_put(np.full((16, 1), 0.5, np.float32))
     ours, theirs = fastpjit.jit(numpy_step), JAX_JIT(numpy_step)
     rng = np.random.default_rng(5)
-    batches = [(rng.standard_normal((32, 16), dtype=np.float32),
-                rng.standard_normal((32, 1), dtype=np.float32)) for _ in range(8)]
+    batches = [
+        (
+            rng.standard_normal((32, 16), dtype=np.float32),
+            rng.standard_normal((32, 1), dtype=np.float32),
+        )
+        for _ in range(8)
+    ]
     before = counts(numpy_step.__qualname__)
     for i in range(300):
         x, y = batches[i % 8]
@@ -525,9 +551,9 @@ def test_new_numpy_batches_go_to_jax_s_dispatch_counted_and_come_back():
     packed = fastpjit.jit(lambda w, batch: numpy_step(w, batch["x"], batch["y"]))
     for i in range(10):
         packed(w, {"x": batches[i % 8][0], "y": batches[i % 8][1]})
-    assert fastpjit.stats()["functions"]["test_new_numpy_batches_go_to_jax_s_dispatch_counted_"
-                                         "and_come_back.<locals>.<lambda>"]["fallbacks"] == {
-        DELEGATED: 8}
+    assert fastpjit.stats()["functions"][
+        "test_new_numpy_batches_go_to_jax_s_dispatch_counted_and_come_back.<locals>.<lambda>"
+    ]["fallbacks"] == {DELEGATED: 8}
 
 
 def test_a_tree_of_device_arrays_with_a_numpy_batch_stays_with_fastpjit():

@@ -11,13 +11,16 @@ import pytest
 
 
 def run_child(script: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(script), *args],
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def assert_ok(result: subprocess.CompletedProcess) -> None:
-    assert result.returncode == 0, (result.returncode, result.stdout[-3000:],
-                                    result.stderr[-3000:])
+    assert result.returncode == 0, (result.returncode, result.stdout[-3000:], result.stderr[-3000:])
     assert result.stdout.strip().endswith("ok"), result.stdout[-3000:]
 
 
@@ -273,15 +276,33 @@ def _nested_regions(depth: int) -> str:
 
 
 HOSTILE_CASES = {
-    "parameter beyond": (HOSTILE_HLO.replace("%y.5 = f32[8,4]{1,0} parameter(1)",
-                                             "%y.5 = f32[8,4]{1,0} parameter(5)"), 5),
-    "manual parameter": (HOSTILE_HLO.replace("parameter(0), sharding={devices=[2,1]0,1}",
-                                             "parameter(0), sharding={manual}"), 10),
-    "entry layout": (HOSTILE_HLO.replace("{(f32[8,4]{1,0}, f32[8,4]{1,0})->",
-                                         "{(f32[8,4]{1,0}, f32[8,4]{1,0}, f32[8,4]{1,0})->"), 1),
-    **{f"{n} parentheses": (HOSTILE_HLO.replace(
-        "= (f32[8,4]{1,0}) tuple", "= " + "(" * n + "f32[8,4]{1,0}" + ")" * n + " tuple"), 13)
-       for n in (10_000, 100_000)},
+    "parameter beyond": (
+        HOSTILE_HLO.replace(
+            "%y.5 = f32[8,4]{1,0} parameter(1)", "%y.5 = f32[8,4]{1,0} parameter(5)"
+        ),
+        5,
+    ),
+    "manual parameter": (
+        HOSTILE_HLO.replace(
+            "parameter(0), sharding={devices=[2,1]0,1}", "parameter(0), sharding={manual}"
+        ),
+        10,
+    ),
+    "entry layout": (
+        HOSTILE_HLO.replace(
+            "{(f32[8,4]{1,0}, f32[8,4]{1,0})->", "{(f32[8,4]{1,0}, f32[8,4]{1,0}, f32[8,4]{1,0})->"
+        ),
+        1,
+    ),
+    **{
+        f"{n} parentheses": (
+            HOSTILE_HLO.replace(
+                "= (f32[8,4]{1,0}) tuple", "= " + "(" * n + "f32[8,4]{1,0}" + ")" * n + " tuple"
+            ),
+            13,
+        )
+        for n in (10_000, 100_000)
+    },
     "mlir 5000 deep": (_nested_regions(5000), 3),
 }
 

@@ -100,8 +100,7 @@ CASES = [
     ("{devices=[2,2]3,1,0,2}", FOUR, (2, 6)),
     ("{devices=[1,2,2]<=[4] last_tile_dim_replicate}", FOUR, (3, 4)),
     ("{devices=[2]0,1}", DEVICES[6:], (10,)),
-    ("{devices=[8]<=[8] metadata={op_name=\"a}b\" source_file=\"x.py\" source_line=3}}",
-     DEVICES, (8,)),
+    ('{devices=[8]<=[8] metadata={op_name="a}b" source_file="x.py" source_line=3}}', DEVICES, (8,)),
     ("{devices=[2,4]<=[8] last_tile_dims={replicated} metadata={}}", DEVICES, (2,)),
     ("{devices=[4,2]0,1,2,3,4,5,6,7}", DEVICES, (4, 2)),
 ]
@@ -279,8 +278,9 @@ def expected_members(sharding, devices):
     dims = hlo.tile_assignment_dimensions()
     types = hlo.subgroup_types()
     grid = np.array(hlo.tile_assignment_devices()).reshape(dims)
-    unreduced = [len(dims) - len(types) + i for i, t in enumerate(types)
-                 if t == xc.OpSharding.Type.UNREDUCED]
+    unreduced = [
+        len(dims) - len(types) + i for i, t in enumerate(types) if t == xc.OpSharding.Type.UNREDUCED
+    ]
     members = {}
     for coords in np.ndindex(*dims):
         member = 0
@@ -307,16 +307,17 @@ def test_unreduced_placement_map_gives_bounds_and_partial_sums(text):
         order = ",".join(map(str, hlo.tile_assignment_devices()))
         replicated = gspmd(f"{{devices=[{grid}]{order} last_tile_dim_replicate}}", SCRAMBLED)
     assert {d: index for d, (index, _) in placement.items()} == replicated.devices_indices_map(
-        shape)
+        shape
+    )
     assert {d: member for d, (_, member) in placement.items()} == expected_members(
-        sharding, SCRAMBLED)
+        sharding, SCRAMBLED
+    )
 
 
 def test_placement_map_of_a_sharding_that_is_not_unreduced_is_its_index_map():
     sharding = gspmd("{devices=[2,1,4]<=[4,2]T(1,0) last_tile_dim_replicate}", SCRAMBLED)
     placement = device_placement_map(sharding, (4, 6))
-    assert placement == {d: (index, 0) for d, index in sharding.devices_indices_map(
-        (4, 6)).items()}
+    assert placement == {d: (index, 0) for d, index in sharding.devices_indices_map((4, 6)).items()}
 
 
 # A tuple sharding describes several values, and JAX aborts the process on its index maps,
@@ -330,10 +331,15 @@ def test_tuple_shardings_are_not_array_shardings(text):
 # --- Errors -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("text", "shape"), [("{devices=[4,2]<=[8]}", (8,)),
-                                             ("{devices=[4,2]<=[8]}", (8, 8, 8)),
-                                             ("{devices=[2,1,4]<=[8] last_tile_dim_replicate}", ()),
-                                             ("{devices=[8]<=[8]}", ())])
+@pytest.mark.parametrize(
+    ("text", "shape"),
+    [
+        ("{devices=[4,2]<=[8]}", (8,)),
+        ("{devices=[4,2]<=[8]}", (8, 8, 8)),
+        ("{devices=[2,1,4]<=[8] last_tile_dim_replicate}", ()),
+        ("{devices=[8]<=[8]}", ()),
+    ],
+)
 def test_rank_mismatch_raises_jaxs_assertion_error(text, shape):
     sharding = gspmd(text)
     with pytest.raises(AssertionError):
@@ -359,11 +365,11 @@ def test_rank_mismatch_raises_jaxs_assertion_error(text, shape):
         ("replicated", 1),
         ("{maximal device=}", 17),
         ("{devices=[2,2]<=[2,2]T(1,0}", 27),
-        ("{devices=[2,4]<=[8] metadata={op_name=\"x}", 39),
+        ('{devices=[2,4]<=[8] metadata={op_name="x}', 39),
         ("{é}", 2),
         ("{devices=[2,4]<=[8]} é", 22),
         ("{devices = [2,4]<=[8]}", 2),
-        ("{devices=[2]0,1 metadata={foo=\"x\"}}", 27),
+        ('{devices=[2]0,1 metadata={foo="x"}}', 27),
         ("{maximal device=9223372036854775808}", 17),
         ("{devices=[2,-4]<=[8]}", 13),
         ("{mesh['x'=2], [{'x'}]}", 2),
@@ -440,14 +446,17 @@ def test_text_xla_reads_as_nonsense_raises_value_error(text):
 
 
 # Numbers XLA reads wrapped round (2**63 is -2**63) or as negative ids and sizes.
-@pytest.mark.parametrize("text", [
-    "{maximal device=9223372036854775808}",
-    "{maximal device=18446744073709551615}",
-    "{maximal device=-1}",
-    "{devices=[-2,-2]<=[4]}",
-    "{devices=[2]0,1 shard_as -1}",
-    "{devices=[2]<=[18446744073709551618]}",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "{maximal device=9223372036854775808}",
+        "{maximal device=18446744073709551615}",
+        "{maximal device=-1}",
+        "{devices=[-2,-2]<=[4]}",
+        "{devices=[2]0,1 shard_as -1}",
+        "{devices=[2]<=[18446744073709551618]}",
+    ],
+)
 def test_numbers_that_overflow_or_are_negative_raise_value_error(text):
     with pytest.raises(ValueError, match="column"):
         _core.canonical_hlo_sharding(text, None)
@@ -485,10 +494,10 @@ XLA_REJECTS = [
     "{devices = [2,4]<=[8]}",
     "{replicatedmetadata={}}",
     "{devices=[8]0,1,2,3,4,5,6,7x}",
-    "{devices=[8]<=[8] metadata={op_name=\"a\\qb\"}}",
+    '{devices=[8]<=[8] metadata={op_name="a\\qb"}}',
     "{devices=[8]<=[8] metadata={source_line=2147483648}}",
     "{devices=[8]<=[8] metadata={profile_type={4}}}",
-    "{devices=[8]<=[8] metadata={op_name=\"a\" op_name=\"b\"}}",
+    '{devices=[8]<=[8] metadata={op_name="a" op_name="b"}}',
     "{{{replicated}}}",
     "{replicated devices=[8]<=[8] device=0}",
     "{devices=[1]0}",
@@ -524,8 +533,7 @@ XLA_ACCEPTS = [
     ("{devices=[2,2,2]<=[8] last_tile_dims={} last_tile_dim_replicate}", (4, 4)),
     ("{devices=[2,1,4]<=[8] last_tile_dims={replicated, replicated}}", (4,)),
     ("{devices=[2,2,2,1]<=[8] last_tile_dims={replicated, manual}}", (4, 4)),
-    ("{devices=[8]<=[8] metadata={,op_name=\"a\\101\\\"\" source_line=-5 profile_type={1}}}",
-     (8,)),
+    ('{devices=[8]<=[8] metadata={,op_name="a\\101\\"" source_line=-5 profile_type={1}}}', (8,)),
     ("{devices=[8]<=[8] metadata={{}, {op_type='x' stack_frame_id=2}} metadata= {}}", (8,)),
     # A device list shorter than the grid: XLA fills the rest with device 0. Here that makes a
     # valid order (7 ids, 0 last); `01` is 1, as in any decimal number.
@@ -593,27 +601,91 @@ def test_an_empty_device_list_raises_value_error():
 # that don't fill the tile grid (XLA copies past its array), iota transposes that are not
 # permutations, `device=` mixed with an iota order, and the named mesh form.
 DELIBERATE_REFUSALS = (
-    "a non-negative integer below 2**63", "tile dimensions of at least 1", "fewer than 2**64",
-    "devices for the tile grid", "a valid iota order", "named mesh form",
-    "either device ids or an iota order", "more than one device for a tiled sharding",
+    "a non-negative integer below 2**63",
+    "tile dimensions of at least 1",
+    "fewer than 2**64",
+    "devices for the tile grid",
+    "a valid iota order",
+    "named mesh form",
+    "either device ids or an iota order",
+    "more than one device for a tiled sharding",
 )
 
 # Texts to mutate: valid ones, and ones that XLA crashes on or reads as nonsense, whose
 # neighbours are likely to be such texts too.
-SEED_TEXTS = [text for text, _, _ in CASES] + UNREDUCED + NO_INDEX_MAP_LIKE_JAX + [
-    text for text, _ in XLA_ACCEPTS] + XLA_CRASHES_ON + XLA_READS_NONSENSE + [
-    "{{replicated}, {maximal device=0}}",
-    "{devices=[2,2,2]<=[2,2,2]T(0,2,1) last_tile_dims={unreduced, replicated}}",
-]
+SEED_TEXTS = (
+    [text for text, _, _ in CASES]
+    + UNREDUCED
+    + NO_INDEX_MAP_LIKE_JAX
+    + [text for text, _ in XLA_ACCEPTS]
+    + XLA_CRASHES_ON
+    + XLA_READS_NONSENSE
+    + [
+        "{{replicated}, {maximal device=0}}",
+        "{devices=[2,2,2]<=[2,2,2]T(0,2,1) last_tile_dims={unreduced, replicated}}",
+    ]
+)
 TOKENS = [
-    "{", "}", "[", "]", "(", ")", ",", "=", "<=", "T", " ", "0", "1", "2", "4", "8", "-", "9" * 25,
-    "18446744073709551616", "9223372036854775808", "devices=", "device=", "maximal",
-    "replicated", "manual", "unreduced", "unknown", "last_tile_dim_replicate",
-    "last_tile_dims={", "metadata={", "op_name=", "source_line=", '"', "'", "\\", "\\x4", "é",
-    "\u2028", "\x00", "\t", "\n", "/*", "*/", "//", "T(0)", "T(1,0)", "<=[2,4]", "{}",
-    " shard_as 1", " shard_like 0", "3", "0,1,2,3", " last_tile_dims={replicated}",
-    " last_tile_dims={unreduced, replicated}", " last_tile_dims={manual}", " device=1", "<=[",
-    "[2,14]", "maximal", "{maximal device=1}",
+    "{",
+    "}",
+    "[",
+    "]",
+    "(",
+    ")",
+    ",",
+    "=",
+    "<=",
+    "T",
+    " ",
+    "0",
+    "1",
+    "2",
+    "4",
+    "8",
+    "-",
+    "9" * 25,
+    "18446744073709551616",
+    "9223372036854775808",
+    "devices=",
+    "device=",
+    "maximal",
+    "replicated",
+    "manual",
+    "unreduced",
+    "unknown",
+    "last_tile_dim_replicate",
+    "last_tile_dims={",
+    "metadata={",
+    "op_name=",
+    "source_line=",
+    '"',
+    "'",
+    "\\",
+    "\\x4",
+    "é",
+    "\u2028",
+    "\x00",
+    "\t",
+    "\n",
+    "/*",
+    "*/",
+    "//",
+    "T(0)",
+    "T(1,0)",
+    "<=[2,4]",
+    "{}",
+    " shard_as 1",
+    " shard_like 0",
+    "3",
+    "0,1,2,3",
+    " last_tile_dims={replicated}",
+    " last_tile_dims={unreduced, replicated}",
+    " last_tile_dims={manual}",
+    " device=1",
+    "<=[",
+    "[2,14]",
+    "maximal",
+    "{maximal device=1}",
 ]
 
 
@@ -715,9 +787,17 @@ def clause_orders(draw):
     """A valid tiled sharding with its clauses in any order, spaced and commented at random."""
     n = draw(st.sampled_from([8, 4, 2]))
     rank = draw(st.integers(1, 3))
-    subgroup = draw(st.sampled_from(["", "last_tile_dim_replicate", "last_tile_dims={replicated}",
-                                     "last_tile_dims={unreduced}",
-                                     "last_tile_dims={unreduced, replicated}"]))
+    subgroup = draw(
+        st.sampled_from(
+            [
+                "",
+                "last_tile_dim_replicate",
+                "last_tile_dims={replicated}",
+                "last_tile_dims={unreduced}",
+                "last_tile_dims={unreduced, replicated}",
+            ]
+        )
+    )
     extra = subgroup.count(",") + 1 if subgroup else 0
     grid = draw(st.sampled_from(factorizations(n, rank + extra)))
     zeros = draw(st.sampled_from(["", "0", "00"]))

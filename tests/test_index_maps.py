@@ -90,10 +90,7 @@ def factorizations(n, k):
     if k == 0:
         return [()] if n == 1 else []
     return [
-        (d, *rest)
-        for d in range(1, n + 1)
-        if n % d == 0
-        for rest in factorizations(n // d, k - 1)
+        (d, *rest) for d in range(1, n + 1) if n % d == 0 for rest in factorizations(n // d, k - 1)
     ]
 
 
@@ -531,8 +528,9 @@ EXPLICIT_AND_MANUAL = jax.make_mesh(
 ALL_MANUAL = jax.make_mesh((2, 4), ("x", "y"), axis_types=(AxisType.Manual,) * 2)
 
 
-MESH_2x2x2_EXPLICIT = jax.make_mesh((2, 2, 2), ("x", "y", "z"),
-                                   axis_types=(AxisType.Explicit,) * 3, devices=DEVICES[::-1])
+MESH_2x2x2_EXPLICIT = jax.make_mesh(
+    (2, 2, 2), ("x", "y", "z"), axis_types=(AxisType.Explicit,) * 3, devices=DEVICES[::-1]
+)
 UNREDUCED_SHARDINGS = [
     NamedSharding(MESH_EXPLICIT, P(None, "y", unreduced={"x"})),
     NamedSharding(MESH_EXPLICIT, P("x", None, unreduced={"y"})),
@@ -569,7 +567,8 @@ def test_unreduced_placement_is_that_of_the_lowered_sharding(sharding):
     # The bounds are those of the same spec with the unreduced axes replicated.
     replicated = NamedSharding(sharding.mesh, P(*sharding.spec.partitions))
     assert {d: index for d, (index, _) in placement.items()} == replicated.devices_indices_map(
-        shape)
+        shape
+    )
     # Each tile's devices hold every partial sum equally often.
     sums = math.prod(sharding.mesh.shape[a] for a in sharding.spec.unreduced)
     by_tile = defaultdict(Counter)

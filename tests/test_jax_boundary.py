@@ -209,39 +209,108 @@ PRIVATE_NAMES = [
 # holds (`fastpjit._jax.jit_key_states`). The Rust dispatcher keys a call by all of them; a
 # state that JAX adds must be read too, or a call under it could take another's executable.
 JIT_KEY_STATES = (
-    "mesh_context_manager", "abstract_mesh_context_manager", "compute_on_context_manager",
-    "xla_metadata_context_manager", "pallas_tpu_interpret_mode_context_manager", "user_context",
-    "jax_debug_key_reuse", "jax_check_static_indices", "jax_scan3", "jax_remat3",
-    "jax_custom_vjp3", "jax_random_seed_offset", "jax_threefry_partitionable",
-    "jax_threefry_gpu_kernel_lowering", "jax_use_direct_linearize",
-    "jax_use_simplified_jaxpr_constants", "jax_embedded_constants_max_bytes",
-    "jax_remove_size_one_mesh_axis_from_type", "check_vma", "jax_softmax_custom_jvp",
-    "jax_hlo_source_file_canonicalization_regex", "jax_enable_pgle", "jax_pgle_profiling_runs",
-    "jax_explicit_x64_dtypes", "jax_numpy_dtype_promotion", "jax_error_checking_behavior_nan",
-    "jax_error_checking_behavior_divide", "jax_error_checking_behavior_oob", "jax_enable_x64",
-    "jax_default_device", "jax_disable_jit", "jax_numpy_rank_promotion", "jax_auto_pcast",
-    "jax_default_matmul_precision", "jax_allow_f16_reductions",
-    "jax_use_emit_pipeline_primitive", "eager_constant_folding", "jax_no_execution",
-    "jax_mutable_array_checks", "jax_xla_profile_version", "jax_use_shardy_partitioner",
-    "jax_high_dynamic_range_gumbel", "jax_ragged_dot_use_gpu_pallas_triton_lowering",
-    "jax_pallas_enable_debug_checks", "jax_pallas_use_mosaic_gpu", "axis_env_state",
+    "mesh_context_manager",
+    "abstract_mesh_context_manager",
+    "compute_on_context_manager",
+    "xla_metadata_context_manager",
+    "pallas_tpu_interpret_mode_context_manager",
+    "user_context",
+    "jax_debug_key_reuse",
+    "jax_check_static_indices",
+    "jax_scan3",
+    "jax_remat3",
+    "jax_custom_vjp3",
+    "jax_random_seed_offset",
+    "jax_threefry_partitionable",
+    "jax_threefry_gpu_kernel_lowering",
+    "jax_use_direct_linearize",
+    "jax_use_simplified_jaxpr_constants",
+    "jax_embedded_constants_max_bytes",
+    "jax_remove_size_one_mesh_axis_from_type",
+    "check_vma",
+    "jax_softmax_custom_jvp",
+    "jax_hlo_source_file_canonicalization_regex",
+    "jax_enable_pgle",
+    "jax_pgle_profiling_runs",
+    "jax_explicit_x64_dtypes",
+    "jax_numpy_dtype_promotion",
+    "jax_error_checking_behavior_nan",
+    "jax_error_checking_behavior_divide",
+    "jax_error_checking_behavior_oob",
+    "jax_enable_x64",
+    "jax_default_device",
+    "jax_disable_jit",
+    "jax_numpy_rank_promotion",
+    "jax_auto_pcast",
+    "jax_default_matmul_precision",
+    "jax_allow_f16_reductions",
+    "jax_use_emit_pipeline_primitive",
+    "eager_constant_folding",
+    "jax_no_execution",
+    "jax_mutable_array_checks",
+    "jax_xla_profile_version",
+    "jax_use_shardy_partitioner",
+    "jax_high_dynamic_range_gumbel",
+    "jax_ragged_dot_use_gpu_pallas_triton_lowering",
+    "jax_pallas_enable_debug_checks",
+    "jax_pallas_use_mosaic_gpu",
+    "axis_env_state",
     # jit_key_states:
-    "trace_state", "device_context", "jax_optimization_level", "jax_memory_fitting_level",
+    "trace_state",
+    "device_context",
+    "jax_optimization_level",
+    "jax_memory_fitting_level",
 )
 
 # The attributes and methods that Rust reads or calls by name on JAX's objects (`intern!`,
 # `getattr`, `call_method`), each checked on a tiny example by `test_rust_calls_by_name`.
 RUST_CALLS_BY_NAME = (
-    "execute_sharded", "str_short", "node_data", "children", "num_nodes", "num_leaves",
-    "unflatten", "partitions", "unreduced", "UNCONSTRAINED", "mesh", "spec", "manual_axes",
-    "axis_names", "axis_sizes", "devices", "device_set", "num_devices", "is_fully_replicated",
-    "client", "process_index", "platform", "aval", "dtype", "shape", "weak_type", "ndim",
-    "nbytes", "jax_enable_x64", "host_to_device", "device_to_device",
+    "execute_sharded",
+    "str_short",
+    "node_data",
+    "children",
+    "num_nodes",
+    "num_leaves",
+    "unflatten",
+    "partitions",
+    "unreduced",
+    "UNCONSTRAINED",
+    "mesh",
+    "spec",
+    "manual_axes",
+    "axis_names",
+    "axis_sizes",
+    "devices",
+    "device_set",
+    "num_devices",
+    "is_fully_replicated",
+    "client",
+    "process_index",
+    "platform",
+    "aval",
+    "dtype",
+    "shape",
+    "weak_type",
+    "ndim",
+    "nbytes",
+    "jax_enable_x64",
+    "host_to_device",
+    "device_to_device",
 )
 # Names Rust reads by `intern!` from Python's or numpy's own objects: no JAX assumption.
-RUST_NAMES_NOT_JAX = frozenset((
-    "builtins", "sorted", "view", "reshape", "ravel", "tolist", "astype", "__array__", "uint8",
-))
+RUST_NAMES_NOT_JAX = frozenset(
+    (
+        "builtins",
+        "sorted",
+        "view",
+        "reshape",
+        "ravel",
+        "tolist",
+        "astype",
+        "__array__",
+        "uint8",
+    )
+)
 
 
 def load_module(dotted: str) -> Any:
@@ -274,11 +343,17 @@ def kind_problem(name: Name) -> str | None:
     if name.kind == CLASS:
         return None if isinstance(found, type) else f"not a class: {type(found).__name__}"
     if name.kind == GETTER:
-        return None if isinstance(found, property) and found.fget is not None else (
-            f"not a property with a getter: {type(found).__name__}")
+        return (
+            None
+            if isinstance(found, property) and found.fget is not None
+            else (f"not a property with a getter: {type(found).__name__}")
+        )
     if name.kind == METHOD:
-        return None if callable(found) and not isinstance(found, property) else (
-            f"not a method: {type(found).__name__}")
+        return (
+            None
+            if callable(found) and not isinstance(found, property)
+            else (f"not a method: {type(found).__name__}")
+        )
     if name.kind == MEMBER:
         return None if isinstance(found, owner) else f"not a member of {owner}: {found!r}"
     return None
@@ -287,7 +362,8 @@ def kind_problem(name: Name) -> str | None:
 def test_jax_is_the_pinned_version():
     assert (jax.__version__, jaxlib.__version__) == (PINNED_JAX, PINNED_JAX), (
         f"fastpjit's JAX assumptions were checked on {PINNED_JAX}; this is jax "
-        f"{jax.__version__}, jaxlib {jaxlib.__version__}: review this file's lists")
+        f"{jax.__version__}, jaxlib {jaxlib.__version__}: review this file's lists"
+    )
     pins = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     assert f"jax=={PINNED_JAX}" in pins and f"jaxlib=={PINNED_JAX}" in pins, pins
 
@@ -306,8 +382,11 @@ def _boundary_module_attributes() -> set[tuple[str, str]]:
         tree = ast.parse(path.read_text())
         aliases = {}
         for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.module and (
-                    node.module.startswith(("jax._src", "jaxlib"))):
+            if (
+                isinstance(node, ast.ImportFrom)
+                and node.module
+                and (node.module.startswith(("jax._src", "jaxlib")))
+            ):
                 for alias in node.names:
                     module = f"{node.module}.{alias.name}"
                     if _is_module(module):
@@ -316,8 +395,11 @@ def _boundary_module_attributes() -> set[tuple[str, str]]:
                         aliases[alias.asname or alias.name] = (node.module, alias.name + ".")
                         used.add((node.module, alias.name))
         for node in ast.walk(tree):
-            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
-                    and node.value.id in aliases):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in aliases
+            ):
                 module, prefix = aliases[node.value.id]
                 used.add((module, prefix + node.attr))
     return used
@@ -335,27 +417,33 @@ def test_the_private_name_list_is_complete():
     # first part: `HloSharding` for `HloSharding.from_string`).
     listed = {(n.module, n.path) for n in PRIVATE_NAMES}
     prefixes = {(n.module, n.path.split(".")[0]) for n in PRIVATE_NAMES}
-    missing = sorted((module, attr) for module, attr in _boundary_module_attributes()
-                     if (module, attr) not in listed
-                     and (module, attr.split(".")[0]) not in prefixes
-                     and (module, attr.rsplit(".", 1)[0]) not in listed)
+    missing = sorted(
+        (module, attr)
+        for module, attr in _boundary_module_attributes()
+        if (module, attr) not in listed
+        and (module, attr.split(".")[0]) not in prefixes
+        and (module, attr.rsplit(".", 1)[0]) not in listed
+    )
     assert not missing, f"private names that fastpjit._jax uses but PRIVATE_NAMES lacks: {missing}"
 
 
 def test_no_private_jax_name_outside_the_boundary():
     package = BOUNDARY.parent
     offenders = [
-        f"{path.relative_to(package)}:{i}" for path in package.glob("*.py")
+        f"{path.relative_to(package)}:{i}"
+        for path in package.glob("*.py")
         for i, line in enumerate(path.read_text().splitlines(), 1)
-        if re.search(r"^\s*(from|import)\s+(jax\._src|jaxlib)\b", line)]
+        if re.search(r"^\s*(from|import)\s+(jax\._src|jaxlib)\b", line)
+    ]
     assert not offenders, f"private JAX imports outside fastpjit._jax: {offenders}"
 
 
 def _rust_reads_of_the_boundary() -> set[str]:
     """The names that the Rust sources fetch from `fastpjit._jax` (`jax::private`)."""
     text = "\n".join(p.read_text() for p in RUST_SOURCES.rglob("*.rs"))
-    found = set(re.findall(
-        r"\b(?:get|attribute|type_attribute|interned)\(\s*jax,\s*\"(\w+)\"", text))
+    found = set(
+        re.findall(r"\b(?:get|attribute|type_attribute|interned)\(\s*jax,\s*\"(\w+)\"", text)
+    )
     found |= set(re.findall(r"\bjax\s*\.getattr\(\s*\"(\w+)\"", text))
     found |= set(re.findall(r"private\(py\)\?\s*\.getattr\(intern!\(py, \"(\w+)\"\)", text))
     return found
@@ -394,7 +482,8 @@ def test_jit_key_states_are_the_ones_the_dispatcher_reads():
     assert names == JIT_KEY_STATES, (
         "JAX's jit key changed: review fastpjit._jax.rust_handles.jit_key_states and "
         f"JIT_KEY_STATES; added {set(names) - set(JIT_KEY_STATES)}, "
-        f"removed {set(JIT_KEY_STATES) - set(names)}")
+        f"removed {set(JIT_KEY_STATES) - set(names)}"
+    )
     key = _jax.trace_context()
     assert isinstance(key, tuple) and len(key) == len(config.trace_context_names())
     with jax.disable_jit():
@@ -407,8 +496,13 @@ def test_jit_key_states_are_the_ones_the_dispatcher_reads():
 
 def test_rust_handles_have_their_kinds():
     assert isinstance(_jax.ArrayImpl, type)
-    for getter in (_jax.array_aval, _jax.array_sharding, _jax.array_committed,
-                   _jax.array_single_device_arrays, _jax.config_value):
+    for getter in (
+        _jax.array_aval,
+        _jax.array_sharding,
+        _jax.array_committed,
+        _jax.array_single_device_arrays,
+        _jax.config_value,
+    ):
         assert callable(getter)
     for member in (_jax.HOST_BUFFER_ZERO_COPY, _jax.HOST_BUFFER_COPY, _jax.TRANSFER_GUARD_ALLOW):
         assert isinstance(member, enum.Enum), member
@@ -450,10 +544,11 @@ def test_transfer_steps_that_rust_calls():
     assert aval == jax.device_put(host, sharding).aval
     placed = _jax.placement_sharding(sharding, 1)
     assert placed.is_equivalent_to(sharding, 1)
-    shards = [host[i * 2:(i + 1) * 2] for i in range(len(DEVICES))]
+    shards = [host[i * 2 : (i + 1) * 2] for i in range(len(DEVICES))]
     # As Rust calls it: aval, sharding, shards, devices, committed, force copy, semantics.
-    x = _jax.batched_device_put(aval, placed, shards, list(placed._device_assignment), True,
-                                False, _jax.HOST_BUFFER_COPY)
+    x = _jax.batched_device_put(
+        aval, placed, shards, list(placed._device_assignment), True, False, _jax.HOST_BUFFER_COPY
+    )
     np.testing.assert_array_equal(np.asarray(x), host)
     assert _jax.canonical_dtype(np.float64) == np.float32  # no x64
     assert _jax.python_scalar_dtype(int) == np.int32
@@ -550,19 +645,50 @@ def test_the_internals_of_a_jit_function_that_a_miss_reads():
     assert computation._executable is None and computation._name and computation._hlo
     assert len(computation._device_list) == 1
     assert isinstance(computation._compiler_options_kvs, tuple)
-    expected = {"host_callbacks", "ordered_effects", "unordered_effects", "in_layouts",
-                "out_layouts", "mut", "shape_poly_state", "global_in_avals", "global_out_avals",
-                "in_shardings", "out_shardings", "backend", "tuple_args", "committed",
-                "keepalive", "kept_var_idx", "intermediate_shardings", "context_mesh",
-                "all_args_info"}
+    expected = {
+        "host_callbacks",
+        "ordered_effects",
+        "unordered_effects",
+        "in_layouts",
+        "out_layouts",
+        "mut",
+        "shape_poly_state",
+        "global_in_avals",
+        "global_out_avals",
+        "in_shardings",
+        "out_shardings",
+        "backend",
+        "tuple_args",
+        "committed",
+        "keepalive",
+        "kept_var_idx",
+        "intermediate_shardings",
+        "context_mesh",
+        "all_args_info",
+    }
     assert expected <= set(computation.compile_args), expected - set(computation.compile_args)
     compiled = lowered.compile()
     executable = compiled._executable
-    for name in ("xla_executable", "unsafe_call", "in_avals", "shard_const_args", "_mut",
-                 "_kept_var_idx", "_in_shardings", "_out_shardings", "_dispatch_in_layouts"):
+    for name in (
+        "xla_executable",
+        "unsafe_call",
+        "in_avals",
+        "shard_const_args",
+        "_mut",
+        "_kept_var_idx",
+        "_in_shardings",
+        "_out_shardings",
+        "_dispatch_in_layouts",
+    ):
         assert hasattr(executable, name), name
-    for name in ("in_handler", "kept_var_idx", "mut", "out_handler", "has_unordered_effects",
-                 "has_host_callbacks"):
+    for name in (
+        "in_handler",
+        "kept_var_idx",
+        "mut",
+        "out_handler",
+        "has_unordered_effects",
+        "has_host_callbacks",
+    ):
         assert hasattr(executable.unsafe_call, name), name
     for name in ("const_args", "is_high", "out_tree"):
         assert hasattr(compiled._params, name), name
@@ -573,4 +699,3 @@ def test_pmap_keeps_its_parameter_inference_in_a_closure():
     assert "static_broadcasted_tuple" in infer_params.__code__.co_freevars
     result = infer_params(np.ones((8, 2), np.float32))
     assert len(result) == 7  # cached, jitted, args_flat, _, _, process_count, trace_clean
-

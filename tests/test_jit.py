@@ -119,8 +119,9 @@ def fresh(fun: Any) -> Any:
     """A new function object with `fun`'s code. JAX shares its dispatch cache among the
     jax.jit objects of one function (and its trace and compile caches), so tests that compare
     cache sizes or count compiles start from a function no other test has jitted."""
-    copy = types.FunctionType(fun.__code__, fun.__globals__, fun.__name__, fun.__defaults__,
-                              fun.__closure__)
+    copy = types.FunctionType(
+        fun.__code__, fun.__globals__, fun.__name__, fun.__defaults__, fun.__closure__
+    )
     copy.__kwdefaults__ = fun.__kwdefaults__
     return copy
 
@@ -137,17 +138,22 @@ def check_calls(ours: Any, theirs: Any, *args: Any, repeats: int = 3, **kwargs: 
 
 def fresh_copy(tree: Any) -> Any:
     """Equal arguments in new objects: jax.Arrays copied onto the same sharding."""
+
     def copy(x: Any) -> Any:
         if isinstance(x, jax.Array):
             return jax.device_put(np.asarray(x), x.sharding) if x.committed else jnp.array(x)
         return x
+
     return jax.tree.map(copy, tree)
 
 
 def fallbacks(words: str) -> int:
     """How many jit fallbacks so far whose reason mentions `words`."""
-    return sum(n for reason, n in fastpjit.stats()["fallbacks"].items()
-               if reason.startswith("jit:") and words in reason)
+    return sum(
+        n
+        for reason, n in fastpjit.stats()["fallbacks"].items()
+        if reason.startswith("jit:") and words in reason
+    )
 
 
 class Counts:
@@ -207,8 +213,9 @@ def mlp_data_parallel(params: dict[str, Any], x: Any, layout: Layout) -> Any:
 
 
 def mlp_fsdp(params: dict[str, Any], x: Any, layout: Layout) -> Any:
-    gathered = {k: jax.sharding.reshard(v, NamedSharding(layout.mesh, P())) for k, v in
-                params.items()}
+    gathered = {
+        k: jax.sharding.reshard(v, NamedSharding(layout.mesh, P())) for k, v in params.items()
+    }
     return mlp(gathered, x)
 
 
@@ -217,9 +224,11 @@ def mlp_tensor_parallel(params: dict[str, Any], x: Any, layout: Layout) -> Any:
         h = jnp.einsum("bd,dh->bh", x, params["w1"], out_sharding=P(layout.batch, layout.model))
         h = jax.nn.relu(h + params["b1"])
         return jnp.einsum("bh,hd->bd", h, params["w2"], out_sharding=P(layout.batch, None))
+
     # einsum's out_sharding takes Explicit axes only; Auto meshes constrain instead.
     def constrain(v: Any, *spec: Any) -> Any:
         return jax.lax.with_sharding_constraint(v, NamedSharding(layout.mesh, P(*spec)))
+
     h = constrain(jnp.einsum("bd,dh->bh", x, params["w1"]), layout.batch, layout.model)
     h = jax.nn.relu(h + params["b1"])
     return constrain(jnp.einsum("bh,hd->bd", h, params["w2"]), layout.batch, None)
@@ -227,9 +236,11 @@ def mlp_tensor_parallel(params: dict[str, Any], x: Any, layout: Layout) -> Any:
 
 def mlp_values(seed: int = 0) -> tuple[dict[str, np.ndarray], np.ndarray]:
     rng = np.random.default_rng(seed)
-    params = {"w1": rng.normal(size=(8, 32)).astype(np.float32),
-              "b1": rng.normal(size=(32,)).astype(np.float32),
-              "w2": rng.normal(size=(32, 8)).astype(np.float32)}
+    params = {
+        "w1": rng.normal(size=(8, 32)).astype(np.float32),
+        "b1": rng.normal(size=(32,)).astype(np.float32),
+        "w2": rng.normal(size=(32, 8)).astype(np.float32),
+    }
     return params, rng.normal(size=(16, 8)).astype(np.float32)
 
 
@@ -237,8 +248,9 @@ def mlp_case(pattern: str, layout: Layout) -> tuple[Any, dict[str, Any], dict[st
     """(function, jit options, parameter specs, batch spec) of one sharding pattern."""
     if pattern == "data_parallel":
         batch = NamedSharding(layout.mesh, P(layout.every))
-        options = dict(in_shardings=(NamedSharding(layout.mesh, P()), batch),
-                       static_argnames="layout")
+        options = dict(
+            in_shardings=(NamedSharding(layout.mesh, P()), batch), static_argnames="layout"
+        )
         return mlp_data_parallel, options, {"w1": P(), "b1": P(), "w2": P()}, P(layout.every)
     if pattern == "fsdp":
         specs = {"w1": P(layout.every, None), "b1": P(layout.every), "w2": P(layout.every, None)}
@@ -258,13 +270,16 @@ def test_mlp_sharding_patterns(pattern, mesh_shape, axis_type):
     params_host, x_host = mlp_values()
     # jit takes no keywords with in_shardings; elsewhere the static layout goes by keyword.
     if pattern == "data_parallel":
+
         def call(*args, **kw):
             return check_calls(ours, theirs, *args, layout, **kw)
     else:
         call = functools.partial(check_calls, ours, theirs, layout=layout)
     with jax.set_mesh(mesh):
-        params = {k: jax.device_put(v, NamedSharding(mesh, param_specs[k]))
-                  for k, v in params_host.items()}
+        params = {
+            k: jax.device_put(v, NamedSharding(mesh, param_specs[k]))
+            for k, v in params_host.items()
+        }
         x = jax.device_put(x_host, NamedSharding(mesh, batch_spec))
         out = call(params, x)
         call(fresh_copy(params), fresh_copy(x), repeats=1)
@@ -407,14 +422,23 @@ MISC = {
     "constant-outputs": (lambda x: (1.0, 2, True, np.float32(3), np.arange(3)), {}, (1,)),
     "no-outputs": (lambda x: (None, (), {}, []), {}, (jnp.ones(2),)),
     "no-arguments": (lambda: jnp.arange(3) * 2, {}, ()),
-    "in-shardings-none": (lambda x, y: x + y.sum(), dict(in_shardings=(ROW_8, None)),
-                          (np.ones(8), jnp.ones(4))),
+    "in-shardings-none": (
+        lambda x, y: x + y.sum(),
+        dict(in_shardings=(ROW_8, None)),
+        (np.ones(8), jnp.ones(4)),
+    ),
     "same-output-twice": (lambda x: (x * 2,) * 2, {}, (jnp.ones(3),)),
     "same-input-twice": (lambda x, y: x - y, {}, (X3 := jnp.arange(3.0), X3)),
-    "float0-output": (lambda x: jax.grad(lambda a, n: (a * 2.0).sum(), argnums=(0, 1),
-                                         allow_int=True)(x, 3), {}, (jnp.ones(3),)),
-    "many-leaves": (lambda xs: [x * i for i, x in enumerate(xs)], {},
-                    ([jnp.full(2, float(i)) for i in range(40)],)),
+    "float0-output": (
+        lambda x: jax.grad(lambda a, n: (a * 2.0).sum(), argnums=(0, 1), allow_int=True)(x, 3),
+        {},
+        (jnp.ones(3),),
+    ),
+    "many-leaves": (
+        lambda xs: [x * i for i, x in enumerate(xs)],
+        {},
+        ([jnp.full(2, float(i)) for i in range(40)],),
+    ),
 }
 
 
@@ -438,23 +462,39 @@ def scale_or_shift(x, n, mode="mul"):
 
 X4 = jnp.arange(4.0)
 # Calls of scale_or_shift(x, n, mode) valid for each way of making arguments static.
-N_STATIC = [((X4, 2), {}), ((X4, 3), {}), ((X4,), {"n": 2}), ((fresh_copy(X4),), {"n": 2}),
-            ((), {"n": 3, "x": X4})]
-MODE_STATIC = [((X4, 2), {"mode": "add"}), ((X4,), {"mode": "add", "n": 2}),
-               ((), {"x": X4, "mode": "mul", "n": 3})]
+N_STATIC = [
+    ((X4, 2), {}),
+    ((X4, 3), {}),
+    ((X4,), {"n": 2}),
+    ((fresh_copy(X4),), {"n": 2}),
+    ((), {"n": 3, "x": X4}),
+]
+MODE_STATIC = [
+    ((X4, 2), {"mode": "add"}),
+    ((X4,), {"mode": "add", "n": 2}),
+    ((), {"x": X4, "mode": "mul", "n": 3}),
+]
 STATIC_CASES = {
     "argnums": (dict(static_argnums=1), N_STATIC),
     "argnames": (dict(static_argnames="n"), N_STATIC),
-    "argnums-infer-names": (dict(static_argnums=(1, 2)), N_STATIC + MODE_STATIC
-                            + [((X4, 2, "add"), {})]),
-    "argnames-infer-nums": (dict(static_argnames=("n", "mode")), N_STATIC + MODE_STATIC
-                            + [((X4, 2, "add"), {})]),
+    "argnums-infer-names": (
+        dict(static_argnums=(1, 2)),
+        N_STATIC + MODE_STATIC + [((X4, 2, "add"), {})],
+    ),
+    "argnames-infer-nums": (
+        dict(static_argnames=("n", "mode")),
+        N_STATIC + MODE_STATIC + [((X4, 2, "add"), {})],
+    ),
     # Given both, JAX infers neither: mode is static by name only, n by position only.
-    "argnums+argnames": (dict(static_argnums=1, static_argnames="mode"),
-                         [((X4, 2), {}), ((X4, 2), {"mode": "add"}), ((X4, 3), {"mode": "add"})]),
+    "argnums+argnames": (
+        dict(static_argnums=1, static_argnames="mode"),
+        [((X4, 2), {}), ((X4, 2), {"mode": "add"}), ((X4, 3), {"mode": "add"})],
+    ),
     # Negative argnums count from the end of each call's positional arguments.
-    "negative": (dict(static_argnums=-1), [((X4, 2), {}), ((X4, 3), {}), ((X4, 2, "add"), {}),
-                                           ((X4, 3, "add"), {})]),
+    "negative": (
+        dict(static_argnums=-1),
+        [((X4, 2), {}), ((X4, 3), {}), ((X4, 2, "add"), {}), ((X4, 3, "add"), {})],
+    ),
 }
 
 
@@ -527,8 +567,9 @@ def donated_input(kind: str) -> jax.Array:
 
 
 @pytest.mark.parametrize("kind", ["uncommitted", "one-device", "eight-devices"])
-@pytest.mark.parametrize("options", [dict(donate_argnums=0), dict(donate_argnames="x")],
-                         ids=["argnums", "argnames"])
+@pytest.mark.parametrize(
+    "options", [dict(donate_argnums=0), dict(donate_argnames="x")], ids=["argnums", "argnames"]
+)
 def test_donation(options, kind):
     ours, theirs = both(add_to, **options)
     for _ in range(3):  # a miss, then hits
@@ -664,8 +705,9 @@ def test_float64_under_enable_x64():
     # x64 is part of JAX's trace context: a call under it is keyed apart, and its hits must
     # keep float64 (and int64) inputs as they are. In a child process: jaxlib can crash on an
     # input of the wrong width.
-    result = subprocess.run([sys.executable, "-c", X64_CHILD], capture_output=True, text=True,
-                            timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", X64_CHILD], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     assert result.stdout == "ok\n"
 
@@ -700,8 +742,11 @@ def test_persistent_compilation_cache_spares_a_second_process_the_compile(tmp_pa
     # executable, the second loads it and compiles nothing.
     def child() -> dict[str, Any]:
         result = subprocess.run(
-            [sys.executable, "-c", PERSISTENT_CACHE_CHILD, str(tmp_path)], capture_output=True,
-            text=True, timeout=120)
+            [sys.executable, "-c", PERSISTENT_CACHE_CHILD, str(tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert result.returncode == 0, result.stdout + result.stderr[-3000:]
         return json.loads(result.stdout.splitlines()[-1])
 
@@ -743,8 +788,9 @@ def test_transfer_guard_applies_to_host_arguments():
     ours, theirs = both(affine, in_shardings=(ROW_8, REPLICATED_8, REPLICATED_8))
     args = (np.ones(8, np.float32), 2.0, np.float32(1))
     check_calls(ours, theirs, *args, repeats=2)
-    placed = [jax.device_put(a, s) for a, s in zip(args, (ROW_8, REPLICATED_8, REPLICATED_8),
-                                                    strict=True)]
+    placed = [
+        jax.device_put(a, s) for a, s in zip(args, (ROW_8, REPLICATED_8, REPLICATED_8), strict=True)
+    ]
     with jax.transfer_guard("disallow"):
         assert_same_error(ours, theirs, *args)  # an implicit host-to-device transfer
         check_calls(ours, theirs, *placed, repeats=2)
@@ -755,32 +801,43 @@ _REVERSED_ROWS = NamedSharding(jax.make_mesh((8,), ("x",), devices=DEVICES[::-1]
 _AUTO_COLUMNS = NamedSharding(mesh_of((2, 4), AxisType.Auto), P(None, "y"))
 
 
-@pytest.mark.parametrize(("target", "value"), [
-    (None, np.ones((8, 4), np.float32)),
-    (None, 2.5),
-    (_ONE_DEVICE_MESH, np.ones((8, 4), np.float32)),
-    (_ONE_DEVICE_MESH, 2.5),
-    (_REVERSED_ROWS, np.ones((8, 4), np.float32)),
-    (_AUTO_COLUMNS, np.ones((8, 4), np.float32)),
-    (REPLICATED_8, 2.5),
-], ids=["default", "default, scalar", "one-device mesh", "one-device mesh, scalar",
-        "explicit mesh, devices reversed", "auto mesh", "replicated, scalar"])
+@pytest.mark.parametrize(
+    ("target", "value"),
+    [
+        (None, np.ones((8, 4), np.float32)),
+        (None, 2.5),
+        (_ONE_DEVICE_MESH, np.ones((8, 4), np.float32)),
+        (_ONE_DEVICE_MESH, 2.5),
+        (_REVERSED_ROWS, np.ones((8, 4), np.float32)),
+        (_AUTO_COLUMNS, np.ones((8, 4), np.float32)),
+        (REPLICATED_8, 2.5),
+    ],
+    ids=[
+        "default",
+        "default, scalar",
+        "one-device mesh",
+        "one-device mesh, scalar",
+        "explicit mesh, devices reversed",
+        "auto mesh",
+        "replicated, scalar",
+    ],
+)
 def test_host_arguments_are_placed_and_guarded_like_jax_s(target, value):
     # fastpjit places host arguments on an equivalent sharding that jaxlib reads without
     # Python; under the transfer guard, the transfer it refuses is named as JAX names it.
     options = {} if target is None else {"in_shardings": target}
     ours, theirs = both(lambda a: a * 2 + 1, **options)
     check_calls(ours, theirs, value, repeats=2)
-    check_calls(ours, theirs, np.arange(32, dtype=np.float32).reshape(8, 4)
-                if np.shape(value) else 4.5)
+    check_calls(
+        ours, theirs, np.arange(32, dtype=np.float32).reshape(8, 4) if np.shape(value) else 4.5
+    )
     with jax.transfer_guard("disallow"):
         assert_same_error(ours, theirs, value + 1)
 
 
 def test_host_arguments_placed_under_a_logging_guard_match_jax():
     # While the guard watches, host arguments are placed on the input sharding itself.
-    target = NamedSharding(jax.make_mesh((4, 2), ("x", "y"), devices=DEVICES[::-1]),
-                           P("y", "x"))
+    target = NamedSharding(jax.make_mesh((4, 2), ("x", "y"), devices=DEVICES[::-1]), P("y", "x"))
     ours, theirs = both(lambda a: a * 2 + 1, in_shardings=target)
     with jax.transfer_guard("log"):
         for i in range(3):
@@ -845,8 +902,11 @@ def test_out_shardings():
     def fun(x):
         return x * 2, {"plus": x + 1, "same": x}
 
-    for out_shardings in (ROW_8, (REPLICATED_8, None), (None, {"plus": REPLICATED_8,
-                                                              "same": ROW_8})):
+    for out_shardings in (
+        ROW_8,
+        (REPLICATED_8, None),
+        (None, {"plus": REPLICATED_8, "same": ROW_8}),
+    ):
         ours, theirs = both(fun, out_shardings=out_shardings)
         check_calls(ours, theirs, jnp.arange(16.0))
         check_calls(ours, theirs, np.arange(16.0), repeats=2)
@@ -883,8 +943,7 @@ def test_an_uncommitted_array_on_another_device_is_copied_on_the_fast_path(targe
         ours, theirs = both(lambda a, b: a * b)
         context = jax.default_device(device)
     else:
-        ours, theirs = both(lambda a, b: a * b,
-                            in_shardings=SingleDeviceSharding(device))
+        ours, theirs = both(lambda a, b: a * b, in_shardings=SingleDeviceSharding(device))
         context = contextlib.nullcontext()
     x = jnp.arange(3.0)
     assert x.devices() == {DEVICES[0]} and not x.committed
@@ -973,8 +1032,10 @@ def test_out_shardings_on_a_2d_explicit_mesh():
 
 def plus_one_function() -> Any:
     """A new function object each time, so that JAX's caches of one do not serve another."""
+
     def fun(x):
         return x + 1
+
     return fun
 
 
@@ -1034,13 +1095,36 @@ def test_repeated_calls_flattened_in_rust_follow_every_change_of_structure():
     host = np.arange(4, dtype=np.float32)
     ab, ba = {"a": a, "b": b}, {"b": b, "a": a}
     calls = [
-        (a,), (a, b), ([a, b],), ((a, b),), ({"a": a, "b": b},), ({"a": a, "b": b, "c": c},),
-        (ba,), ({"a": a, "c": b},), (a, b, c),
-        ({"a": a, "b": None},), ({"a": a, "b": (b, None)},), ([a, None, {"z": [b, c]}],),
-        ([a, None, {"z": (b, c)}],), ([a, None, {"z": [c, b]}],), (ab, ab), (ab, ba),
-        (host,), (host, a), (host[::2],), (host.astype(np.int32),), (host.reshape(2, 2),),
-        (collections.OrderedDict(a=a, b=b),), (Point(a, b),), ((a, b), [a]), ([a],), (c,),
-        ({1: a, 2: b},), ({2: b, 1: a},), ({"k": a},), ({"k": c},),
+        (a,),
+        (a, b),
+        ([a, b],),
+        ((a, b),),
+        ({"a": a, "b": b},),
+        ({"a": a, "b": b, "c": c},),
+        (ba,),
+        ({"a": a, "c": b},),
+        (a, b, c),
+        ({"a": a, "b": None},),
+        ({"a": a, "b": (b, None)},),
+        ([a, None, {"z": [b, c]}],),
+        ([a, None, {"z": (b, c)}],),
+        ([a, None, {"z": [c, b]}],),
+        (ab, ab),
+        (ab, ba),
+        (host,),
+        (host, a),
+        (host[::2],),
+        (host.astype(np.int32),),
+        (host.reshape(2, 2),),
+        (collections.OrderedDict(a=a, b=b),),
+        (Point(a, b),),
+        ((a, b), [a]),
+        ([a],),
+        (c,),
+        ({1: a, 2: b},),
+        ({2: b, 1: a},),
+        ({"k": a},),
+        ({"k": c},),
     ]
     rounds = [calls, calls[::-1], [call for call in calls for _ in range(2)]]
     for order in rounds:
@@ -1071,8 +1155,9 @@ def test_fastpjit_compiles_and_jax_jit_of_the_same_function_reuses_it():
 
     fun = fresh(fun)
     mesh = mesh_of((2, 4), AxisType.Auto)
-    x = jax.device_put(np.arange(64.0, dtype=np.float32).reshape(8, 8),
-                       NamedSharding(mesh, P("x", "y")))
+    x = jax.device_put(
+        np.arange(64.0, dtype=np.float32).reshape(8, 8), NamedSharding(mesh, P("x", "y"))
+    )
     y = jax.device_put(np.ones((4, 8), np.float32), NamedSharding(mesh, P()))
     reasons = dict(fastpjit.stats()["fallbacks"])
     counts = Counts()
@@ -1226,8 +1311,10 @@ def test_lower_and_compile():
 def test_compiled_with_static_arguments_and_abstract_lowering():
     ours, theirs = both(scale_or_shift, static_argnums=(1, 2))
     spec = jax.ShapeDtypeStruct((4,), jnp.float32)
-    compiled, compiled_jax = ours.lower(spec, 3, "add").compile(), theirs.lower(
-        spec, 3, "add").compile()
+    compiled, compiled_jax = (
+        ours.lower(spec, 3, "add").compile(),
+        theirs.lower(spec, 3, "add").compile(),
+    )
     assert without_stack_frames(compiled.as_text()) == without_stack_frames(compiled_jax.as_text())
     check_calls(compiled, compiled_jax, jnp.arange(4.0))
     check_calls(compiled, compiled_jax, np.arange(4.0), repeats=2)
@@ -1294,8 +1381,14 @@ def sine_sum(x):
 def test_grad_vmap_jit_of_a_fastpjit_function():
     x = jnp.arange(8.0)
     ours, theirs = both(sine_sum)
-    for transform in (jax.grad, jax.vmap, jax.jit, jax.value_and_grad,
-                      lambda f: jax.jit(jax.grad(f)), lambda f: jax.vmap(jax.grad(f))):
+    for transform in (
+        jax.grad,
+        jax.vmap,
+        jax.jit,
+        jax.value_and_grad,
+        lambda f: jax.jit(jax.grad(f)),
+        lambda f: jax.vmap(jax.grad(f)),
+    ):
         before = fallbacks("tracer")
         assert_same_outputs(transform(ours)(x), transform(theirs)(x))
         assert fallbacks("tracer") - before >= 1  # the call traced JAX's jit
@@ -1335,14 +1428,17 @@ def test_make_jaxpr_holds_jax_jit_equation():
     static = fastpjit.jit(scale_or_shift, static_argnums=1)
     static_jax = jax.jit(scale_or_shift, static_argnums=1)
     assert str(jax.make_jaxpr(lambda x: static(x, 3))(x)) == str(
-        jax.make_jaxpr(lambda x: static_jax(x, 3))(x))
+        jax.make_jaxpr(lambda x: static_jax(x, 3))(x)
+    )
 
 
 def test_eval_shape_of_a_fastpjit_function():
     ours, theirs = both(tree_function)
     args, kwargs = tree_arguments()
-    shapes, shapes_jax = jax.eval_shape(ours, *args, **kwargs), jax.eval_shape(
-        theirs, *args, **kwargs)
+    shapes, shapes_jax = (
+        jax.eval_shape(ours, *args, **kwargs),
+        jax.eval_shape(theirs, *args, **kwargs),
+    )
     assert jax.tree.structure(shapes) == jax.tree.structure(shapes_jax)
     assert jax.tree.leaves(shapes) == jax.tree.leaves(shapes_jax)
 
@@ -1351,18 +1447,22 @@ def test_eval_shape_of_a_fastpjit_function():
 def test_shard_map_of_a_fastpjit_function(axis_type):
     mesh = mesh_of((2, 4), axis_type)
     ours, theirs = both(lambda x, y: (jnp.sin(x) * y, x.sum(keepdims=True)))
-    x = jax.device_put(np.arange(32, dtype=np.float32).reshape(8, 4),
-                       NamedSharding(mesh, P("x", "y")))
+    x = jax.device_put(
+        np.arange(32, dtype=np.float32).reshape(8, 4), NamedSharding(mesh, P("x", "y"))
+    )
     specs = dict(mesh=mesh, in_specs=(P("x", "y"), P()), out_specs=(P("x", "y"), P("x", "y")))
-    assert_same_outputs(jax.shard_map(ours, **specs)(x, 2.0),
-                        jax.shard_map(theirs, **specs)(x, 2.0))
+    assert_same_outputs(
+        jax.shard_map(ours, **specs)(x, 2.0), jax.shard_map(theirs, **specs)(x, 2.0)
+    )
 
 
 def test_fastpjit_function_inside_jax_jit():
     ours, theirs = both(sine_sum)
     x = jnp.arange(8.0)
-    outer, outer_jax = jax.jit(lambda x: ours(x) + ours(x * 2)), jax.jit(
-        lambda x: theirs(x) + theirs(x * 2))
+    outer, outer_jax = (
+        jax.jit(lambda x: ours(x) + ours(x * 2)),
+        jax.jit(lambda x: theirs(x) + theirs(x * 2)),
+    )
     check_calls(outer, outer_jax, x)
     # a fastpjit function calling another, against JAX's calling JAX's
     check_calls(fastpjit.jit(lambda x: ours(x) * 2), jax.jit(lambda x: theirs(x) * 2), x)
@@ -1422,8 +1522,12 @@ def test_methods():
     x = jnp.arange(4.0)
     ours, theirs = Scaler(3.0), ScalerJax(3.0)
     check_calls(ours.scale, theirs.scale, x)
-    check_calls(functools.partial(Scaler.scale, ours), functools.partial(ScalerJax.scale, theirs),
-                x, repeats=1)
+    check_calls(
+        functools.partial(Scaler.scale, ours),
+        functools.partial(ScalerJax.scale, theirs),
+        x,
+        repeats=1,
+    )
     check_calls(Scaler(2.0).scale, ScalerJax(2.0).scale, x, repeats=2)
     with pytest.raises(TypeError) as expected:
         theirs.needs_static_self(x)
@@ -1452,18 +1556,33 @@ ERRORS = {
     "too-few-arguments": (two_arguments, {}, (jnp.ones(3),), {}),
     "unknown-keyword": (one_argument, {}, (jnp.ones(3),), {"z": 1}),
     "unhashable-static": (two_arguments, dict(static_argnums=1), (jnp.ones(3), [1]), {}),
-    "unhashable-static-name": (two_arguments, dict(static_argnames="y"), (jnp.ones(3),),
-                               {"y": {"a": 1}}),
+    "unhashable-static-name": (
+        two_arguments,
+        dict(static_argnames="y"),
+        (jnp.ones(3),),
+        {"y": {"a": 1}},
+    ),
     "in-shardings-tree": (one_argument, dict(in_shardings=(ROW_8, ROW_8)), (jnp.ones(8),), {}),
-    "in-shardings-dict": (one_argument, dict(in_shardings=({"b": ROW_8},)),
-                          ({"a": jnp.ones(8)},), {}),
-    "sharding-rank": (one_argument, dict(in_shardings=NamedSharding(MESH_8, P("x", None))),
-                      (jnp.ones(8),), {}),
-    "sharding-rank-numpy": (one_argument, dict(in_shardings=NamedSharding(MESH_8, P("x", None))),
-                            (np.ones(8),), {}),
+    "in-shardings-dict": (
+        one_argument,
+        dict(in_shardings=({"b": ROW_8},)),
+        ({"a": jnp.ones(8)},),
+        {},
+    ),
+    "sharding-rank": (
+        one_argument,
+        dict(in_shardings=NamedSharding(MESH_8, P("x", None))),
+        (jnp.ones(8),),
+        {},
+    ),
+    "sharding-rank-numpy": (
+        one_argument,
+        dict(in_shardings=NamedSharding(MESH_8, P("x", None))),
+        (np.ones(8),),
+        {},
+    ),
     "indivisible": (one_argument, dict(in_shardings=ROW_8), (np.ones(6),), {}),
-    "keywords-with-in-shardings": (one_argument, dict(in_shardings=ROW_8), (),
-                                   {"x": jnp.ones(8)}),
+    "keywords-with-in-shardings": (one_argument, dict(in_shardings=ROW_8), (), {"x": jnp.ones(8)}),
     "trace-error": (lambda x: x.reshape(5), {}, (jnp.ones(4),), {}),
     "device-sets": (two_arguments, {}, (a0, a1), {}),
     "device-sets-2": (two_arguments, {}, (a0, jax.device_put(np.ones(3), DEVICES[4])), {}),

@@ -46,13 +46,16 @@ def gone(pid: int) -> bool:
 
 
 def test_each_line_is_prefixed_with_its_process_index(tmp_path):
-    path = script(tmp_path, """
+    path = script(
+        tmp_path,
+        """
         import os, sys
         index = os.environ["FASTPJIT_PROCESS_ID"]
         print(f"out {index} of {os.environ['FASTPJIT_NUM_PROCESSES']}")
         print("two\\nlines")
         sys.stderr.write(f"err {index} " + sys.argv[1])  # no newline at the end
-    """)
+    """,
+    )
     status, out, err, launcher = run(path, 3, "arg")
     assert status == 0
     for i in range(3):
@@ -71,18 +74,24 @@ def test_ten_or_more_processes_align_their_prefixes(tmp_path):
     assert "[ 0] hi\n" in out and "[10] hi\n" in out
 
 
-@pytest.mark.parametrize(("how", "status", "said"), [
-    ("sys.exit(3)", 3, "exited with status 3"),
-    ("os.kill(os.getpid(), signal.SIGKILL)", 128 + signal.SIGKILL, "was killed by SIGKILL"),
-])
+@pytest.mark.parametrize(
+    ("how", "status", "said"),
+    [
+        ("sys.exit(3)", 3, "exited with status 3"),
+        ("os.kill(os.getpid(), signal.SIGKILL)", 128 + signal.SIGKILL, "was killed by SIGKILL"),
+    ],
+)
 def test_a_failed_process_stops_the_others(tmp_path, how, status, said):
-    path = script(tmp_path, f"""
+    path = script(
+        tmp_path,
+        f"""
         import os, signal, sys, time
         if os.environ["FASTPJIT_PROCESS_ID"] == "1":
             time.sleep(0.5)
             {how}
         time.sleep(600)
-    """)
+    """,
+    )
     started = time.monotonic()
     got, _, err, launcher = run(path, 3)
     assert got == status, err
@@ -96,14 +105,17 @@ def test_a_failed_process_stops_the_others(tmp_path, how, status, said):
 def test_an_uncaught_exception_is_reported_before_the_process_exits(tmp_path):
     # A process that raises after jax.distributed.initialize() waits at exit, in JAX's
     # shutdown barrier, for its peers; an exit handler that never returns stands in for it.
-    path = script(tmp_path, """
+    path = script(
+        tmp_path,
+        """
         import atexit, os, time
         import fastpjit
         atexit.register(time.sleep, 600)
         if os.environ["FASTPJIT_PROCESS_ID"] == "1":
             1 / 0
         time.sleep(600)
-    """)
+    """,
+    )
     started = time.monotonic()
     status, _, err, launcher = run(path, 2)
     assert status == 1, err
@@ -117,12 +129,15 @@ def test_an_uncaught_exception_is_reported_before_the_process_exits(tmp_path):
 
 def test_the_whole_process_group_is_stopped(tmp_path):
     # A process's own children are in its group, and go with it.
-    path = script(tmp_path, """
+    path = script(
+        tmp_path,
+        """
         import subprocess, sys, time
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
         print("grandchild", child.pid, flush=True)
         time.sleep(600)
-    """)
+    """,
+    )
     status, out, err, launcher = run(path, 2, timeout=2)
     assert status == TIMEOUT_STATUS, err
     assert "fastpjit.launch: --timeout of 2 s reached; stopping every process" in err
@@ -133,12 +148,15 @@ def test_the_whole_process_group_is_stopped(tmp_path):
 
 
 def test_a_grandchild_left_behind_is_killed_at_the_end(tmp_path):
-    path = script(tmp_path, """
+    path = script(
+        tmp_path,
+        """
         import subprocess, sys
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         print("grandchild", child.pid, flush=True)
-    """)
+    """,
+    )
     status, out, _, launcher = run(path, 1)
     assert status == 0
     (grandchild,) = map(int, re.findall(r"grandchild (\d+)", out))
@@ -147,13 +165,17 @@ def test_a_grandchild_left_behind_is_killed_at_the_end(tmp_path):
 
 
 def test_sigint_and_timeout_from_the_command_line(tmp_path):
-    path = script(tmp_path, """
+    path = script(
+        tmp_path,
+        """
         import os, time
         print("pid", os.getpid(), flush=True)
         time.sleep(600)
-    """)
-    with subprocess.Popen([*LAUNCH, "--nproc", "2", path], stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True) as launcher:
+    """,
+    )
+    with subprocess.Popen(
+        [*LAUNCH, "--nproc", "2", path], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as launcher:
         pids = [int(launcher.stdout.readline().split()[-1]) for _ in range(2)]
         launcher.send_signal(signal.SIGINT)
         out, err = launcher.communicate(timeout=STOP_GRACE_S + 10)
@@ -163,8 +185,12 @@ def test_sigint_and_timeout_from_the_command_line(tmp_path):
     assert all(gone(pid) for pid in pids)
 
     started = time.monotonic()
-    done = subprocess.run([*LAUNCH, "--nproc", "2", "--timeout", "1.5", path],
-                          capture_output=True, text=True, timeout=30)
+    done = subprocess.run(
+        [*LAUNCH, "--nproc", "2", "--timeout", "1.5", path],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert done.returncode == TIMEOUT_STATUS, done.stderr
     assert time.monotonic() - started < 1.5 + STOP_GRACE_S + 5
     assert "--timeout of 1.5 s reached" in done.stderr
@@ -173,14 +199,21 @@ def test_sigint_and_timeout_from_the_command_line(tmp_path):
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal: Linux")
 def test_processes_die_with_a_launcher_that_is_killed_outright(tmp_path):
     # No launcher code runs on SIGKILL: each process asked the kernel, at `import fastpjit`.
-    path = script(tmp_path, """
+    path = script(
+        tmp_path,
+        """
         import os, time
         import fastpjit
         print("pid", os.getpid(), flush=True)
         time.sleep(600)
-    """)
-    with subprocess.Popen([*LAUNCH, "--nproc", "2", path], stdout=subprocess.PIPE,
-                          stderr=subprocess.DEVNULL, text=True) as launcher:
+    """,
+    )
+    with subprocess.Popen(
+        [*LAUNCH, "--nproc", "2", path],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    ) as launcher:
         pids = [int(launcher.stdout.readline().split()[-1]) for _ in range(2)]
         launcher.kill()
         launcher.wait()
@@ -190,11 +223,14 @@ def test_processes_die_with_a_launcher_that_is_killed_outright(tmp_path):
     assert all(gone(pid) for pid in pids)
 
 
-@pytest.mark.parametrize("args", [
-    ["--nproc", "0", "x.py"],
-    ["--nproc", "2", "--timeout", "0", "x.py"],
-    ["--nproc", "2", "no-such-script.py"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--nproc", "0", "x.py"],
+        ["--nproc", "2", "--timeout", "0", "x.py"],
+        ["--nproc", "2", "no-such-script.py"],
+    ],
+)
 def test_bad_command_lines_are_usage_errors(args):
     done = subprocess.run([*LAUNCH, *args], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stderr
@@ -234,8 +270,13 @@ def test_the_environment_of_each_process(monkeypatch):
 
 def test_jax_finds_the_launch_before_any_other_cluster(monkeypatch):
     # Inside a SLURM allocation, say, the launcher's processes are still its own.
-    slurm = {"SLURM_JOB_ID": "1", "SLURM_STEP_NODELIST": "node[0-3]", "SLURM_NTASKS": "16",
-             "SLURM_PROCID": "9", "SLURM_LOCALID": "3"}
+    slurm = {
+        "SLURM_JOB_ID": "1",
+        "SLURM_STEP_NODELIST": "node[0-3]",
+        "SLURM_NTASKS": "16",
+        "SLURM_PROCID": "9",
+        "SLURM_LOCALID": "3",
+    }
     for name, value in slurm.items():
         monkeypatch.setenv(name, value)
     assert clusters.SlurmCluster.is_env_present()
@@ -244,7 +285,8 @@ def test_jax_finds_the_launch_before_any_other_cluster(monkeypatch):
     monkeypatch.setenv(_launched.COORDINATOR_ADDRESS, "127.0.0.1:5000")
     assert clusters.ClusterEnv._cluster_types[0] is LaunchedCluster
     detected = clusters.ClusterEnv.auto_detect_unset_distributed_params(
-        None, None, None, None, None, 300)
+        None, None, None, None, None, 300
+    )
     assert detected == ("127.0.0.1:5000", 2, 1, [1])
     monkeypatch.delenv(_launched.PROCESS_ID)
     assert not LaunchedCluster.is_env_present()

@@ -58,20 +58,23 @@ def checks() -> ChecksRun:
 
 
 @pytest.mark.timeout(RUN_TIMEOUT_S + 60)
-@pytest.mark.parametrize("name", [
-    "index_maps",
-    "jit_over_a_global_mesh",
-    "device_put_across_processes",
-    "pmap_of_host_local_rows",
-    "pmap_collectives_across_processes",
-    "pmap_axes_statics_and_scalars_across_processes",
-    "pmap_donation_across_processes",
-    "make_array_1d_mesh",
-    "make_array_2d_mesh",
-    "make_array_dtypes_and_layouts",
-    "make_array_bad_input",
-    "make_array_counts_what_jax_does",
-])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "index_maps",
+        "jit_over_a_global_mesh",
+        "device_put_across_processes",
+        "pmap_of_host_local_rows",
+        "pmap_collectives_across_processes",
+        "pmap_axes_statics_and_scalars_across_processes",
+        "pmap_donation_across_processes",
+        "make_array_1d_mesh",
+        "make_array_2d_mesh",
+        "make_array_dtypes_and_layouts",
+        "make_array_bad_input",
+        "make_array_counts_what_jax_does",
+    ],
+)
 def test_two_processes_agree_with_jax(checks, name):
     checks.assert_passed(name)
 
@@ -103,8 +106,7 @@ def gone(pgid: int) -> bool:
 def test_a_killed_peer_stops_the_run_within_seconds():
     out, err = io.BytesIO(), io.BytesIO()
     script, *args = failures_script("killed")
-    launcher = Launcher(script, args, nproc=2, local_devices=4, timeout=100,
-                        stdout=out, stderr=err)
+    launcher = Launcher(script, args, nproc=2, local_devices=4, timeout=100, stdout=out, stderr=err)
     started = time.monotonic()
     status = launcher.run()
     elapsed = time.monotonic() - started
@@ -124,8 +126,12 @@ def test_a_killed_peer_stops_the_run_within_seconds():
 @pytest.mark.timeout(120)
 def test_a_process_that_raises_stops_the_run_and_shows_its_traceback():
     started = time.monotonic()
-    done = subprocess.run([*LAUNCH, "--timeout", "100", *failures_script("raises")],
-                          capture_output=True, text=True, timeout=110)
+    done = subprocess.run(
+        [*LAUNCH, "--timeout", "100", *failures_script("raises")],
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
     elapsed = time.monotonic() - started
     output = done.stdout + done.stderr
     assert done.returncode == 1, output
@@ -142,8 +148,12 @@ def test_a_process_that_raises_stops_the_run_and_shows_its_traceback():
 @pytest.mark.timeout(120)
 def test_ctrl_c_stops_every_process():
     lines: list[str] = []
-    with subprocess.Popen([*LAUNCH, "--timeout", "100", *failures_script("waits")],
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as launcher:
+    with subprocess.Popen(
+        [*LAUNCH, "--timeout", "100", *failures_script("waits")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as launcher:
 
         def read() -> None:
             for line in launcher.stdout:
@@ -154,8 +164,9 @@ def test_ctrl_c_stops_every_process():
         try:
             deadline = time.monotonic() + 90
             while time.monotonic() < deadline and not (
-                    any("entering the collective" in line for line in lines)
-                    and sum("ready pid" in line for line in lines) == 2):
+                any("entering the collective" in line for line in lines)
+                and sum("ready pid" in line for line in lines) == 2
+            ):
                 time.sleep(0.1)
             assert any("entering the collective" in line for line in lines), lines
             time.sleep(1)  # process 0 is blocked in the collective, process 1 asleep

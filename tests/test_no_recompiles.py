@@ -21,6 +21,7 @@ def mesh():
 
 def warmed(*calls, **options):
     """fastpjit.jit of a new function (so a cache of its own), called with `calls`."""
+
     def scale(x, y, n=2, *, mode="times"):
         return x * y * n if mode == "times" else x + y
 
@@ -41,19 +42,27 @@ def test_hits_pass_and_misses_raise_naming_the_weak_type():
     assert "Python float (weak-typed)" in message and "jax.Array float32[]" in message
 
 
-@pytest.mark.parametrize(("first", "second", "words"), [
-    ((jnp.ones(4), jnp.ones(4)), (jnp.ones(8), jnp.ones(8)), "args[0]: shape differs"),
-    ((jnp.ones(4), jnp.ones(4)), (jnp.ones(4, jnp.int32), jnp.ones(4)), "args[0]: dtype"),
-    ((jnp.ones(4), jnp.ones(())), (jnp.ones(4), jnp.asarray(1.0)), "args[1]: weak type"),
-    ((jax.device_put(jnp.ones(4), jax.devices()[1]), jnp.ones(4)),
-     (jax.device_put(jnp.ones(4), jax.devices()[2]), jnp.ones(4)), "args[0]: sharding"),
-    ((jax.device_put(jnp.ones(4), jax.devices()[1]), jnp.ones(4)),
-     (jnp.ones(4), jnp.ones(4)), "args[0]: committed differs"),
-])
+@pytest.mark.parametrize(
+    ("first", "second", "words"),
+    [
+        ((jnp.ones(4), jnp.ones(4)), (jnp.ones(8), jnp.ones(8)), "args[0]: shape differs"),
+        ((jnp.ones(4), jnp.ones(4)), (jnp.ones(4, jnp.int32), jnp.ones(4)), "args[0]: dtype"),
+        ((jnp.ones(4), jnp.ones(())), (jnp.ones(4), jnp.asarray(1.0)), "args[1]: weak type"),
+        (
+            (jax.device_put(jnp.ones(4), jax.devices()[1]), jnp.ones(4)),
+            (jax.device_put(jnp.ones(4), jax.devices()[2]), jnp.ones(4)),
+            "args[0]: sharding",
+        ),
+        (
+            (jax.device_put(jnp.ones(4), jax.devices()[1]), jnp.ones(4)),
+            (jnp.ones(4), jnp.ones(4)),
+            "args[0]: committed differs",
+        ),
+    ],
+)
 def test_each_cause_of_a_miss_is_named(first, second, words):
     f = warmed((first, {}))
-    with fastpjit.no_recompiles(), pytest.raises(fastpjit.RecompileError,
-                                                 match=re.escape(words)):
+    with fastpjit.no_recompiles(), pytest.raises(fastpjit.RecompileError, match=re.escape(words)):
         f(*second)
 
 
@@ -87,8 +96,10 @@ def test_x64_and_a_mesh_context_are_named(mesh):
 
 def test_the_first_call_of_a_function_raises_saying_nothing_is_cached():
     f = fastpjit.jit(lambda x: x + 1)
-    with fastpjit.no_recompiles(), pytest.raises(fastpjit.RecompileError,
-                                                 match="Nothing is cached"):
+    with (
+        fastpjit.no_recompiles(),
+        pytest.raises(fastpjit.RecompileError, match="Nothing is cached"),
+    ):
         f(jnp.ones(2))
 
 

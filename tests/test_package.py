@@ -17,8 +17,14 @@ def test_stats_start_empty_and_count_fallbacks():
     fastpjit.reset_stats()
     stats = fastpjit.stats()
     pool = stats.pop("host_pool")
-    assert stats == {"cache_hits": 0, "cache_misses": 0, "compiles": 0, "fallbacks": {},
-                     "recompiles_stopped": 0, "functions": {}}
+    assert stats == {
+        "cache_hits": 0,
+        "cache_misses": 0,
+        "compiles": 0,
+        "fallbacks": {},
+        "recompiles_stopped": 0,
+        "functions": {},
+    }
     # The host pool's counters restart; its idle memory stays.
     assert (pool["hits"], pool["misses"]) == (0, 0) and pool["limit"] == 1 << 30
     assert 0 <= pool["idle_bytes"] <= pool["limit"]
@@ -67,6 +73,8 @@ def test_stub_matches_the_native_module():
 
     result = subprocess.run(
         [sys.executable, "-m", "mypy.stubtest", "fastpjit._core"],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr

@@ -71,10 +71,10 @@ def both(fun, *positional, **options):
     function, so that neither side's trace, lowering or compile serves the other."""
     theirs = fun
     if isinstance(fun, types.FunctionType):
-        theirs = types.FunctionType(fun.__code__, fun.__globals__, fun.__name__, fun.__defaults__,
-                                    fun.__closure__)
-    return (fastpjit.pmap(fun, *positional, **options),
-            jax.pmap(theirs, *positional, **options))
+        theirs = types.FunctionType(
+            fun.__code__, fun.__globals__, fun.__name__, fun.__defaults__, fun.__closure__
+        )
+    return (fastpjit.pmap(fun, *positional, **options), jax.pmap(theirs, *positional, **options))
 
 
 def raised(call):
@@ -95,8 +95,11 @@ def assert_same_error(call_ours, call_theirs, message=True):
 
 def assert_same_call_error(options_and_fun, *args, message=True, **kwargs):
     fun, options = options_and_fun
-    return assert_same_error(lambda: fastpjit.pmap(fun, **options)(*args, **kwargs),
-                             lambda: jax.pmap(fun, **options)(*args, **kwargs), message)
+    return assert_same_error(
+        lambda: fastpjit.pmap(fun, **options)(*args, **kwargs),
+        lambda: jax.pmap(fun, **options)(*args, **kwargs),
+        message,
+    )
 
 
 X84 = np.arange(32, dtype=np.float32).reshape(8, 4)
@@ -142,10 +145,17 @@ def test_normalize_by_psum():
 DOUBLE_IN = {axes: both(double, in_axes=axes) for axes in (0, 1, -1, -2)}
 
 
-@pytest.mark.parametrize("in_axes, shape", [
-    (0, (8, 3)), (0, (4, 2, 3)), (1, (3, 8)), (1, (2, 4, 3)), (-2, (8, 3)),
-    (-1, (8,)),
-])
+@pytest.mark.parametrize(
+    "in_axes, shape",
+    [
+        (0, (8, 3)),
+        (0, (4, 2, 3)),
+        (1, (3, 8)),
+        (1, (2, 4, 3)),
+        (-2, (8, 3)),
+        (-1, (8,)),
+    ],
+)
 def test_in_axes(in_axes, shape):
     x = jnp.arange(np.prod(shape), dtype=jnp.float32).reshape(shape)
     check(DOUBLE_IN[in_axes], x)
@@ -174,8 +184,10 @@ def test_in_axes_none_everywhere_raises_like_jax():
     assert_same_call_error((double, {"in_axes": None}), X8)
 
 
-PYTREE_IN = both(lambda tree, y: tree["a"] * tree["b"][0] + tree["b"][1] - y,
-                 in_axes=({"a": 0, "b": (None, 1)}, 0))
+PYTREE_IN = both(
+    lambda tree, y: tree["a"] * tree["b"][0] + tree["b"][1] - y,
+    in_axes=({"a": 0, "b": (None, 1)}, 0),
+)
 
 
 def test_in_axes_pytree_prefix():
@@ -189,8 +201,10 @@ def test_in_axes_prefix_that_does_not_match_raises_like_jax():
 
 
 REPLICATED = both(lambda x: (x * 2, lax.psum(x, "i")), axis_name="i", out_axes=(0, None))
-OUT_AXES = {name: both(lambda x: {"y": x * 2, "z": x.sum()}, out_axes=axes)
-            for name, axes in [("0", 0), ("1", 1), ("prefix", {"y": 1, "z": 0})]}
+OUT_AXES = {
+    name: both(lambda x: {"y": x * 2, "z": x.sum()}, out_axes=axes)
+    for name, axes in [("0", 0), ("1", 1), ("prefix", {"y": 1, "z": 0})]
+}
 
 
 @pytest.mark.parametrize("name", ["0", "prefix"])
@@ -224,6 +238,7 @@ def test_out_axes_none_everywhere():
 
 # Collectives over axis_name.
 
+
 def _perm(n):
     return [(j, (j + 3) % n) for j in range(n)]
 
@@ -252,9 +267,18 @@ def test_collective(name):
 
 def test_collective_results_match_numpy():
     x = np.arange(8 * 3, dtype=np.float32).reshape(8, 3)
-    out = check(both(lambda v: (lax.psum(v, "i"), lax.all_gather(v, "i"),
-                                lax.ppermute(v, "i", perm=_perm(8)), lax.axis_index("i")),
-                     axis_name="i"), x)
+    out = check(
+        both(
+            lambda v: (
+                lax.psum(v, "i"),
+                lax.all_gather(v, "i"),
+                lax.ppermute(v, "i", perm=_perm(8)),
+                lax.axis_index("i"),
+            ),
+            axis_name="i",
+        ),
+        x,
+    )
     total, gathered, permuted, index = map(np.asarray, out)
     np.testing.assert_array_equal(total, np.broadcast_to(x.sum(0), (8, 3)))
     np.testing.assert_array_equal(gathered, np.broadcast_to(x, (8, 8, 3)))
@@ -279,6 +303,7 @@ def test_axis_names_that_are_not_strings_raise_like_jax(name):
 
 # Nested pmap: JAX 0.10.2 rejects it (shard_map inside shard_map over another mesh).
 
+
 def test_nested_pmap_raises_like_jax():
     def nested(pmap):
         inner = pmap(lambda v: lax.psum(v, "j") + lax.psum(v, "i"), axis_name="j")
@@ -291,13 +316,23 @@ def test_nested_pmap_raises_like_jax():
 
 # devices= and axis_size=.
 
-@pytest.mark.parametrize("devices", [
-    DEVICES[:4], DEVICES[2:6], DEVICES[::-1], DEVICES[5:1:-1], DEVICES[6:7],
-], ids=["first4", "middle4", "reversed", "reversed4", "one"])
+
+@pytest.mark.parametrize(
+    "devices",
+    [
+        DEVICES[:4],
+        DEVICES[2:6],
+        DEVICES[::-1],
+        DEVICES[5:1:-1],
+        DEVICES[6:7],
+    ],
+    ids=["first4", "middle4", "reversed", "reversed4", "one"],
+)
 def test_devices(devices):
     n = len(devices)
-    pair = both(lambda x: (lax.psum(x, "i"), x + lax.axis_index("i")), axis_name="i",
-                devices=devices)
+    pair = both(
+        lambda x: (lax.psum(x, "i"), x + lax.axis_index("i")), axis_name="i", devices=devices
+    )
     out = check(pair, jnp.arange(n * 3.0).reshape(n, 3))
     assert list(out[0].sharding.mesh.devices.flat) == list(devices)
 
@@ -309,8 +344,9 @@ def test_fewer_inputs_than_devices_uses_a_prefix_of_devices():
 
 def test_devices_errors_like_jax():
     assert_same_call_error((double, {"devices": DEVICES[:4]}), X8)
-    assert_same_error(lambda: fastpjit.pmap(double, devices=[]),
-                      lambda: jax.pmap(double, devices=[]))
+    assert_same_error(
+        lambda: fastpjit.pmap(double, devices=[]), lambda: jax.pmap(double, devices=[])
+    )
 
 
 AXIS_SIZE8 = both(lambda x: lax.psum(x, "i"), axis_name="i", axis_size=8)
@@ -328,6 +364,7 @@ def test_one_device():
 
 
 # Static broadcasted arguments.
+
 
 def test_static_broadcasted_recompiles_per_value():
     def scale(x, n, op):
@@ -357,8 +394,11 @@ class Config(typing.NamedTuple):
 
 
 def test_static_broadcasted_with_in_axes_and_kwargs():
-    pair = both(lambda c, x, y: x * c.scale + c.shift + y, static_broadcasted_argnums=0,
-                in_axes=(None, 1, 0))
+    pair = both(
+        lambda c, x, y: x * c.scale + c.shift + y,
+        static_broadcasted_argnums=0,
+        in_axes=(None, 1, 0),
+    )
     check(pair, Config(2.0, 1), jnp.asarray(X84.T.copy()), jnp.arange(8.0))
     check(pair, Config(2.0, 1), jnp.asarray(X84.T.copy()), y=jnp.arange(8.0))
     check(pair, Config(3.0, 1), jnp.asarray(X84.T.copy()), jnp.arange(8.0))
@@ -407,9 +447,11 @@ def test_missing_static_argument_raises_like_jax():
 
 # Donation.
 
+
 def _donated_pair(pmap):
-    return pmap(lambda x, n, y: (x * n + y, y - 1), static_broadcasted_argnums=1,
-                donate_argnums=(0, 2))
+    return pmap(
+        lambda x, n, y: (x * n + y, y - 1), static_broadcasted_argnums=1, donate_argnums=(0, 2)
+    )
 
 
 def test_donation_deletes_donated_inputs_and_reuse_raises():
@@ -511,8 +553,9 @@ class Point(typing.NamedTuple):
     y: typing.Any
 
 
-TREE = both(lambda p, d: {"sum": p.x + d["w"][0], "prod": (p.y * d["w"][1], None),
-                          "n": jnp.int32(3)})
+TREE = both(
+    lambda p, d: {"sum": p.x + d["w"][0], "prod": (p.y * d["w"][1], None), "n": jnp.int32(3)}
+)
 
 
 def test_pytrees_in_and_out():
@@ -543,8 +586,11 @@ def test_numpy_and_jax_inputs(kind):
         check(INPUTS, a, b)
 
 
-@pytest.mark.parametrize("dtype", [np.float16, jnp.bfloat16, np.int8, np.uint64, np.float64,
-                                   np.complex128, np.bool_], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize(
+    "dtype",
+    [np.float16, jnp.bfloat16, np.int8, np.uint64, np.float64, np.complex128, np.bool_],
+    ids=lambda d: np.dtype(d).name,
+)
 def test_numpy_dtypes(dtype):
     check(DOUBLE_IN[0], (np.arange(16) % 3).astype(dtype).reshape(8, 2))
 
@@ -601,6 +647,7 @@ def test_host_callbacks_run_on_every_call():
         def f(x):
             jax.debug.callback(lambda v: calls.__setitem__(who, calls[who] + 1), x)
             return x * 2
+
         return f
 
     ours, theirs = fastpjit.pmap(counted("ours")), jax.pmap(counted("theirs"))
@@ -636,9 +683,15 @@ def test_chained_outputs_are_cache_hits_without_moves():
     assert counters() == (hits + 5, misses, moved)
 
 
-@pytest.mark.parametrize("first_devices, then_devices", [
-    (DEVICES[::-1], None), (DEVICES[:4], DEVICES[4:]), (DEVICES[:4], DEVICES[3::-1]),
-], ids=["reversed-into-default", "first4-into-last4", "first4-into-reversed4"])
+@pytest.mark.parametrize(
+    "first_devices, then_devices",
+    [
+        (DEVICES[::-1], None),
+        (DEVICES[:4], DEVICES[4:]),
+        (DEVICES[:4], DEVICES[3::-1]),
+    ],
+    ids=["reversed-into-default", "first4-into-last4", "first4-into-reversed4"],
+)
 def test_chained_into_a_pmap_over_other_devices(first_devices, then_devices):
     first = both(lambda x: x + 1, devices=first_devices)
     then = both(double, devices=then_devices)
@@ -670,10 +723,13 @@ def test_grad_of_pmap():
 
     w, x = jnp.arange(1.0, 9.0), jnp.linspace(-1, 1, 8)
     fallbacks = fastpjit.stats()["fallbacks"].get(TRACED, 0)
-    assert_same(jax.grad(loss, argnums=1)(GRAD_F[0], w, x),
-                jax.grad(loss, argnums=1)(GRAD_F[1], w, x))
-    assert_same(jax.value_and_grad(loss, argnums=1)(GRAD_F[0], w, x),
-                jax.value_and_grad(loss, argnums=1)(GRAD_F[1], w, x))
+    assert_same(
+        jax.grad(loss, argnums=1)(GRAD_F[0], w, x), jax.grad(loss, argnums=1)(GRAD_F[1], w, x)
+    )
+    assert_same(
+        jax.value_and_grad(loss, argnums=1)(GRAD_F[0], w, x),
+        jax.value_and_grad(loss, argnums=1)(GRAD_F[1], w, x),
+    )
     assert fastpjit.stats()["fallbacks"].get(TRACED, 0) > fallbacks
 
 
@@ -681,8 +737,10 @@ def test_vmap_of_pmap():
     x = jnp.arange(3 * 8 * 2.0).reshape(3, 8, 2)
     ours, theirs = NORMALIZE
     assert_same(jax.vmap(ours)(x), jax.vmap(theirs)(x))
-    assert_same(jax.vmap(ours, in_axes=1, out_axes=1)(x.transpose(1, 0, 2)),
-                jax.vmap(theirs, in_axes=1, out_axes=1)(x.transpose(1, 0, 2)))
+    assert_same(
+        jax.vmap(ours, in_axes=1, out_axes=1)(x.transpose(1, 0, 2)),
+        jax.vmap(theirs, in_axes=1, out_axes=1)(x.transpose(1, 0, 2)),
+    )
 
 
 def test_pmap_inside_jit():
@@ -721,8 +779,9 @@ for pmap in (jax.pmap, fastpjit.pmap):
 def test_x64_toggled_between_cached_calls():
     # In a child process: a hit that places int64 where the executable takes int32 (or the
     # reverse) crashes jaxlib.
-    result = subprocess.run([sys.executable, "-c", X64_CHILD], capture_output=True, text=True,
-                            timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", X64_CHILD], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     theirs, ours = result.stdout.splitlines()
     assert theirs == "int32 int64 int32"
@@ -730,6 +789,7 @@ def test_x64_toggled_between_cached_calls():
 
 
 # Errors with JAX's type.
+
 
 def test_mapped_axes_of_different_sizes():
     assert_same_call_error((add, {}), jnp.arange(8.0), jnp.arange(4.0))
@@ -751,14 +811,16 @@ def test_in_axes_out_of_range():
 
 @pytest.mark.parametrize("axes", [1.0, "0", (0, 1.5), {"a": [0, "x"]}], ids=repr)
 def test_in_axes_not_an_int(axes):
-    error = assert_same_error(lambda: fastpjit.pmap(add, in_axes=axes),
-                              lambda: jax.pmap(add, in_axes=axes))
+    error = assert_same_error(
+        lambda: fastpjit.pmap(add, in_axes=axes), lambda: jax.pmap(add, in_axes=axes)
+    )
     assert type(error) is TypeError
 
 
 def test_out_axes_not_an_int():
-    assert_same_error(lambda: fastpjit.pmap(double, out_axes=0.0),
-                      lambda: jax.pmap(double, out_axes=0.0))
+    assert_same_error(
+        lambda: fastpjit.pmap(double, out_axes=0.0), lambda: jax.pmap(double, out_axes=0.0)
+    )
 
 
 def test_out_axes_out_of_range():
@@ -774,6 +836,7 @@ def test_error_after_a_cached_call_raises_like_jax():
 
 
 # The wrapper itself.
+
 
 def test_decorator_forms_and_lower():
     @fastpjit.pmap

@@ -35,7 +35,8 @@ def assert_same_array(ours, theirs):
     assert ours.aval == theirs.aval and ours.sharding == theirs.sharding
     assert ours.committed == theirs.committed
     assert [(s.device, s.index) for s in ours.addressable_shards] == [
-        (s.device, s.index) for s in theirs.addressable_shards]
+        (s.device, s.index) for s in theirs.addressable_shards
+    ]
     for a, b in zip(ours.addressable_shards, theirs.addressable_shards, strict=True):
         np.testing.assert_array_equal(np.asarray(a.data), np.asarray(b.data))
 
@@ -57,8 +58,9 @@ def test_the_rust_path_for_local_data_matches_jax_on_one_process(sharding, shape
     data = np.arange(int(np.prod(shape)), dtype=np.int16).reshape(shape)
     expected = jax.make_array_from_callback(shape, sharding, lambda index: data[index])
     for global_shape in (None, shape):
-        assert_same_array(_core.make_array_from_process_local_leaf(data, sharding, global_shape),
-                          expected)
+        assert_same_array(
+            _core.make_array_from_process_local_leaf(data, sharding, global_shape), expected
+        )
     transposed = np.ascontiguousarray(data.T).T  # the same values, not C-ordered
     assert_same_array(_core.make_array_from_process_local_leaf(transposed, sharding), expected)
 
@@ -108,6 +110,8 @@ def test_partition_specs_and_sharding_pytrees_go_to_jax_counted():
     ours = fastpjit.make_array_from_process_local_data(shardings, {"a": data})
     theirs = jax.make_array_from_process_local_data(shardings, {"a": data})
     assert_same_array(ours["a"], theirs["a"])
-    reason = ("make_array_from_process_local_data: a PartitionSpec, or pytrees of shardings or "
-              "global shapes")
+    reason = (
+        "make_array_from_process_local_data: a PartitionSpec, or pytrees of shardings or "
+        "global shapes"
+    )
     assert fastpjit.stats()["fallbacks"] == {reason: 2}

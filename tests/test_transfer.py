@@ -33,15 +33,43 @@ from fastpjit import _core
 DEVICES = tuple(jax.devices())
 AXIS_NAMES = ("x", "y")
 ML_DTYPE_NAMES = (
-    "bfloat16", "float4_e2m1fn", "float8_e3m4", "float8_e4m3", "float8_e4m3b11fnuz",
-    "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu",
-    "int1", "int2", "int4", "uint1", "uint2", "uint4",
+    "bfloat16",
+    "float4_e2m1fn",
+    "float8_e3m4",
+    "float8_e4m3",
+    "float8_e4m3b11fnuz",
+    "float8_e4m3fn",
+    "float8_e4m3fnuz",
+    "float8_e5m2",
+    "float8_e5m2fnuz",
+    "float8_e8m0fnu",
+    "int1",
+    "int2",
+    "int4",
+    "uint1",
+    "uint2",
+    "uint4",
 )
 # Every dtype that JAX places on the CPU.
-DTYPES = tuple(np.dtype(t) for t in (
-    np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
-    np.float16, np.float32, np.float64, np.complex64, np.complex128,
-)) + tuple(np.dtype(getattr(ml_dtypes, name)) for name in ML_DTYPE_NAMES)
+DTYPES = tuple(
+    np.dtype(t)
+    for t in (
+        np.bool_,
+        np.int8,
+        np.int16,
+        np.int32,
+        np.int64,
+        np.uint8,
+        np.uint16,
+        np.uint32,
+        np.uint64,
+        np.float16,
+        np.float32,
+        np.float64,
+        np.complex64,
+        np.complex128,
+    )
+) + tuple(np.dtype(getattr(ml_dtypes, name)) for name in ML_DTYPE_NAMES)
 LAYOUTS = ("c", "offset", "fortran", "transposed", "reversed", "strided", "broadcast")
 
 
@@ -55,7 +83,11 @@ def test_every_jax_dtype_is_covered():
     alone) and the float6 types, which XLA's CPU client cannot hold."""
     left_out = {d for d in jax_dtypes._jax_dtype_set if d not in DTYPES}
     assert {str(d) for d in left_out} == {
-        "[('float0', 'V')]", "StringDType()", "float6_e2m3fn", "float6_e3m2fn"}
+        "[('float0', 'V')]",
+        "StringDType()",
+        "float6_e2m3fn",
+        "float6_e3m2fn",
+    }
     for name in ("float6_e2m3fn", "float6_e3m2fn"):
         x = np.zeros(8, getattr(ml_dtypes, name))
         with pytest.raises(jax.errors.JaxRuntimeError):
@@ -137,7 +169,7 @@ def meshes(draw):
     dims = draw(st.sampled_from(_factorings(size)))
     axis_type = draw(st.sampled_from((AxisType.Explicit, AxisType.Auto)))
     grid = np.array(devices, dtype=object).reshape(dims)
-    return Mesh(grid, AXIS_NAMES[:len(dims)], axis_types=(axis_type,) * len(dims))
+    return Mesh(grid, AXIS_NAMES[: len(dims)], axis_types=(axis_type,) * len(dims))
 
 
 @st.composite
@@ -240,8 +272,12 @@ def canonical(x):
 # --- device_put of host arrays --------------------------------------------------------------
 
 
-@given(case=targets(), dtype=st.sampled_from(DTYPES), layout=st.sampled_from(LAYOUTS),
-       seed=st.integers(0, 2**32 - 1))
+@given(
+    case=targets(),
+    dtype=st.sampled_from(DTYPES),
+    layout=st.sampled_from(LAYOUTS),
+    seed=st.integers(0, 2**32 - 1),
+)
 def test_device_put_matches_jax(case, dtype, layout, seed):
     target, shape = case
     x = lay_out(host_values(dtype, shape, seed), layout)
@@ -330,9 +366,14 @@ class Meters(float):
 
 
 def test_python_scalars_are_weakly_typed_with_canonical_dtypes():
-    cases = {True: (np.bool_, False), 7: (np.int32, True), 1.5: (np.float32, True),
-             2j: (np.complex64, True), Color.RED: (np.int32, True),
-             Meters(2.5): (np.float32, True)}
+    cases = {
+        True: (np.bool_, False),
+        7: (np.int32, True),
+        1.5: (np.float32, True),
+        2j: (np.complex64, True),
+        Color.RED: (np.int32, True),
+        Meters(2.5): (np.float32, True),
+    }
     for x, (dtype, weak) in cases.items():
         ours, ref = put_both(x, DEVICES[2])
         assert_same_array(ours, ref)
@@ -342,8 +383,10 @@ def test_python_scalars_are_weakly_typed_with_canonical_dtypes():
 def test_enable_x64_toggled_between_puts():
     # The canonical dtype follows x64 as it is at each call, not as it was when first seen.
     s = NamedSharding(MESH_2x4, P("x"))
-    values = [host_values(np.dtype(t), (8, 3), seed=1)
-              for t in (np.float64, np.int64, np.uint64, np.complex128)]
+    values = [
+        host_values(np.dtype(t), (8, 3), seed=1)
+        for t in (np.float64, np.int64, np.uint64, np.complex128)
+    ]
     values += [7, 1.5, np.float64(2.5), np.int64(-(2**50))]
     for x64 in (False, True, False, True):
         with jax.enable_x64(x64):
@@ -396,9 +439,12 @@ def leaves_for_8x4(draw):
     return None
 
 
-@given(tree=pytrees(leaves_for_8x4()),
-       target=st.sampled_from((NamedSharding(MESH_2x4, P()), SingleDeviceSharding(DEVICES[6]),
-                               DEVICES[3])))
+@given(
+    tree=pytrees(leaves_for_8x4()),
+    target=st.sampled_from(
+        (NamedSharding(MESH_2x4, P()), SingleDeviceSharding(DEVICES[6]), DEVICES[3])
+    ),
+)
 def test_pytrees_match_jax(tree, target):
     ours, ref = put_both(tree, target)
     assert jax.tree.structure(ours) == jax.tree.structure(ref)
@@ -413,8 +459,11 @@ def test_pytrees_match_jax(tree, target):
 
 def test_pytree_leaves_go_to_the_sharded_target():
     s = NamedSharding(MESH_2x4, P("x", "y"))
-    tree = {"a": np.arange(32.0).reshape(8, 4), "b": [np.ones((2, 4), np.int8), None],
-            "c": (np.zeros((4, 8), ml_dtypes.bfloat16).T,)}
+    tree = {
+        "a": np.arange(32.0).reshape(8, 4),
+        "b": [np.ones((2, 4), np.int8), None],
+        "c": (np.zeros((4, 8), ml_dtypes.bfloat16).T,),
+    }
     ours, ref = put_both(tree, s)
     assert jax.tree.structure(ours) == jax.tree.structure(ref)
     for o, r in zip(jax.tree.leaves(ours), jax.tree.leaves(ref), strict=True):
@@ -437,8 +486,9 @@ def test_string_arrays_match_jax():
     for target in (DEVICES[4], NamedSharding(MESH_2x4, P("x", "y"))):
         ours, ref = put_both(x, target)
         assert ours.aval == ref.aval and ours.sharding == ref.sharding
-        assert [np.asarray(s.data).tolist() for s in ours.addressable_shards] == \
-            [np.asarray(s.data).tolist() for s in ref.addressable_shards]
+        assert [np.asarray(s.data).tolist() for s in ours.addressable_shards] == [
+            np.asarray(s.data).tolist() for s in ref.addressable_shards
+        ]
         got = fastpjit.device_get(ours)
         del ours
         gc.collect()
@@ -547,24 +597,28 @@ def _jit_outputs():
         "fully replicated": NamedSharding(MESH_2x4, P()),
         "single device": SingleDeviceSharding(DEVICES[6]),
         "gspmd partly replicated": fastpjit.parse_hlo_sharding(
-            "{devices=[1,2,4]<=[2,2,2]T(2,0,1) last_tile_dim_replicate}", DEVICES),
+            "{devices=[1,2,4]<=[2,2,2]T(2,0,1) last_tile_dim_replicate}", DEVICES
+        ),
     }
     cases = {
         name: (lambda s=s: jax.jit(lambda v: (v * 3 - 1).astype(jnp.bfloat16), out_shardings=s)(x))
-        for name, s in shardings.items()}
+        for name, s in shardings.items()
+    }
     cases["device subset"] = lambda: jax.jit(lambda v: v[::-1] + 1)(jax.device_put(x, on_subset))
     cases["device subset replicated"] = lambda: jax.jit(
-        lambda v: v * 2, out_shardings=NamedSharding(subset, P("b")))(
-            jax.device_put(x, on_subset))
+        lambda v: v * 2, out_shardings=NamedSharding(subset, P("b"))
+    )(jax.device_put(x, on_subset))
     cases["scalar"] = lambda: jax.jit(lambda v: v.sum())(x)
     cases["complex"] = lambda: jax.jit(
-        lambda v: v * 1j, out_shardings=NamedSharding(MESH_2x4, P("y", "x")))(x)
+        lambda v: v * 1j, out_shardings=NamedSharding(MESH_2x4, P("y", "x"))
+    )(x)
     cases["int4 output"] = lambda: jax.jit(
-        lambda v: (v % 7).astype(jnp.int4), out_shardings=NamedSharding(MESH_2x4, P("x")))(x)
+        lambda v: (v % 7).astype(jnp.int4), out_shardings=NamedSharding(MESH_2x4, P("x"))
+    )(x)
     cases["pmap"] = lambda: jax.pmap(lambda v: v + 1)(x)
     cases["shard_map"] = lambda: jax.shard_map(
-        lambda v: v * 2, mesh=MESH_2x4, in_specs=P("x", "y"), out_specs=P("x"),
-        check_vma=False)(x)
+        lambda v: v * 2, mesh=MESH_2x4, in_specs=P("x", "y"), out_specs=P("x"), check_vma=False
+    )(x)
     return sorted(cases.items())
 
 
@@ -604,11 +658,18 @@ def test_device_get_of_empty_jit_outputs_whose_shards_have_the_global_shape():
 def test_device_get_of_pytrees_and_non_arrays():
     s = NamedSharding(MESH_2x4, P("x", "y"))
     keys = jax.random.split(jax.random.key(0), 8)
-    tree = {"a": jax.device_put(np.arange(32.0).reshape(8, 4), s), "n": 3, "s": "text",
-            "none": None, "host": np.arange(3), "np scalar": np.float32(2.5), "keys": keys,
-            "list": [jnp.int8(4), 1.5, (jax.device_put(np.ones(8), DEVICES[3]),)],
-            "array-like": ArrayLike(),
-            "strings": jax.device_put(np.array(["a", "b"], np.dtypes.StringDType()), DEVICES[1])}
+    tree = {
+        "a": jax.device_put(np.arange(32.0).reshape(8, 4), s),
+        "n": 3,
+        "s": "text",
+        "none": None,
+        "host": np.arange(3),
+        "np scalar": np.float32(2.5),
+        "keys": keys,
+        "list": [jnp.int8(4), 1.5, (jax.device_put(np.ones(8), DEVICES[3]),)],
+        "array-like": ArrayLike(),
+        "strings": jax.device_put(np.array(["a", "b"], np.dtypes.StringDType()), DEVICES[1]),
+    }
     ours, ref = fastpjit.device_get(tree), jax.device_get(tree)
     assert jax.tree.structure(ours) == jax.tree.structure(ref)
     for o, r in zip(jax.tree.leaves(ours), jax.tree.leaves(ref), strict=True):
@@ -616,8 +677,10 @@ def test_device_get_of_pytrees_and_non_arrays():
         if isinstance(r, np.ndarray):
             assert host_bytes(o) == host_bytes(r)
         else:
-            assert o is r or (jax.dtypes.issubdtype(r.dtype, jax.dtypes.prng_key)
-                              and (jax.random.key_data(o) == jax.random.key_data(r)).all())
+            assert o is r or (
+                jax.dtypes.issubdtype(r.dtype, jax.dtypes.prng_key)
+                and (jax.random.key_data(o) == jax.random.key_data(r)).all()
+            )
     assert ours["s"] is tree["s"] and ours["host"] is tree["host"] and ours["n"] is tree["n"]
 
 
@@ -655,32 +718,44 @@ def assert_both_raise(exc_type, x, target, match=None):
     assert_no_new_arrays(before)
 
 
-@pytest.mark.parametrize("leaf, type_name", [
-    ("abc", "str"), (b"abc", "bytes"), (object(), "object"), (Point, "type"),
-    (np.float32, "type"), (slice(1), "slice"),
-])
+@pytest.mark.parametrize(
+    "leaf, type_name",
+    [
+        ("abc", "str"),
+        (b"abc", "bytes"),
+        (object(), "object"),
+        (Point, "type"),
+        (np.float32, "type"),
+        (slice(1), "slice"),
+    ],
+)
 def test_non_array_leaves_raise_type_error_naming_the_type(leaf, type_name):
     s = NamedSharding(MESH_2x4, P())
     assert_both_raise(TypeError, leaf, s, match=rf"type {type_name}\b")
     # In a pytree, after leaves that were placed: nothing of them may stay alive.
-    assert_both_raise(TypeError, [np.zeros((8, 4)), 1.0, {"bad": leaf}], s,
-                      match=rf"type {type_name}\b")
+    assert_both_raise(
+        TypeError, [np.zeros((8, 4)), 1.0, {"bad": leaf}], s, match=rf"type {type_name}\b"
+    )
 
 
 EXPLICIT_2x4 = jax.make_mesh((2, 4), ("x", "y"), axis_types=(AxisType.Explicit,) * 2)
 
 
-@pytest.mark.parametrize("target, x", [
-    (NamedSharding(MESH_2x4, P("x", "y")), np.zeros(8)),
-    (NamedSharding(MESH_2x4, P("x", "y")), 1.0),
-    (NamedSharding(MESH_2x4, P("x", "y")), np.float32(1)),
-    (NamedSharding(EXPLICIT_2x4, P("x")), np.float32(1)),
-    (NamedSharding(EXPLICIT_2x4, P("x")), 1.0),
-    (NamedSharding(EXPLICIT_2x4, P("x")), np.array(1, np.int32)),
-    (NamedSharding(EXPLICIT_2x4, P("x", "y")), np.zeros(8)),
-    (fastpjit.parse_hlo_sharding("{devices=[2,4]<=[8]}", DEVICES), np.zeros(8)),
-    (fastpjit.parse_hlo_sharding("{devices=[2,4]<=[8]}", DEVICES), np.zeros((8, 4, 2))),
-], ids=lambda v: repr(v)[:60])
+@pytest.mark.parametrize(
+    "target, x",
+    [
+        (NamedSharding(MESH_2x4, P("x", "y")), np.zeros(8)),
+        (NamedSharding(MESH_2x4, P("x", "y")), 1.0),
+        (NamedSharding(MESH_2x4, P("x", "y")), np.float32(1)),
+        (NamedSharding(EXPLICIT_2x4, P("x")), np.float32(1)),
+        (NamedSharding(EXPLICIT_2x4, P("x")), 1.0),
+        (NamedSharding(EXPLICIT_2x4, P("x")), np.array(1, np.int32)),
+        (NamedSharding(EXPLICIT_2x4, P("x", "y")), np.zeros(8)),
+        (fastpjit.parse_hlo_sharding("{devices=[2,4]<=[8]}", DEVICES), np.zeros(8)),
+        (fastpjit.parse_hlo_sharding("{devices=[2,4]<=[8]}", DEVICES), np.zeros((8, 4, 2))),
+    ],
+    ids=lambda v: repr(v)[:60],
+)
 def test_ranks_that_do_not_fit_the_sharding_raise_jaxs_error(target, x):
     # JAX raises a ValueError onto an Auto mesh and an AssertionError onto an Explicit one (a
     # rank-0 value onto P('x')) and for a GSPMDSharding; fastpjit's ShardingRankError is both.
@@ -712,8 +787,10 @@ def test_device_put_onto_unreduced_axes_is_jaxs():
         fastpjit.device_get(ours)
 
 
-@pytest.mark.parametrize("shape, spec", [((3, 4), P("x")), ((8, 6), P(None, "y")),
-                                         ((4, 4), P(("x", "y"))), ((0, 3), P(None, "y"))])
+@pytest.mark.parametrize(
+    "shape, spec",
+    [((3, 4), P("x")), ((8, 6), P(None, "y")), ((4, 4), P(("x", "y"))), ((0, 3), P(None, "y"))],
+)
 def test_indivisible_shapes_raise_indivisible_error(shape, spec):
     s = NamedSharding(MESH_2x4, spec)
     assert_both_raise(ValueError, np.zeros(shape), s, match="evenly|divide")
@@ -723,8 +800,10 @@ def test_indivisible_shapes_raise_indivisible_error(shape, spec):
         fastpjit.device_put({"ok": np.zeros((8, 8)), "bad": np.zeros(shape)}, s)
 
 
-@pytest.mark.parametrize("dtype", [">f4", ">i8", ">c8", "O", "U3", "S2", "V4", "M8[s]", "m8[s]",
-                                   np.longdouble, np.clongdouble])
+@pytest.mark.parametrize(
+    "dtype",
+    [">f4", ">i8", ">c8", "O", "U3", "S2", "V4", "M8[s]", "m8[s]", np.longdouble, np.clongdouble],
+)
 def test_unsupported_dtypes_raise_jax_type_error(dtype):
     x = np.zeros((8, 4), dtype=dtype)
     for target in (DEVICES[0], NamedSharding(MESH_2x4, P("x"))):
@@ -739,8 +818,9 @@ def test_unsupported_dtypes_raise_jax_type_error(dtype):
 @pytest.mark.parametrize("value", [2**31, -(2**31) - 1, 2**63, -(2**63) - 1, 2**64, 10**30])
 def test_python_int_overflow_raises_overflow_error(value):
     assert_both_raise(OverflowError, value, DEVICES[0], match=rf"{value}.*int32")
-    assert_both_raise(OverflowError, [1, value], NamedSharding(MESH_2x4, P()),
-                      match=rf"{value}.*int32")
+    assert_both_raise(
+        OverflowError, [1, value], NamedSharding(MESH_2x4, P()), match=rf"{value}.*int32"
+    )
 
 
 def test_python_ints_at_the_int32_bounds_fit():
@@ -776,9 +856,11 @@ def _deleted(kind, sharding):
 @pytest.mark.parametrize("kind", ["deleted", "donated"])
 @pytest.mark.parametrize("where", ["sharded", "single device", "replicated"])
 def test_deleted_and_donated_arrays_raise_runtime_error(kind, where):
-    sharding = {"sharded": NamedSharding(MESH_2x4, P("x", "y")),
-                "single device": SingleDeviceSharding(DEVICES[2]),
-                "replicated": NamedSharding(MESH_2x4, P())}[where]
+    sharding = {
+        "sharded": NamedSharding(MESH_2x4, P("x", "y")),
+        "single device": SingleDeviceSharding(DEVICES[2]),
+        "replicated": NamedSharding(MESH_2x4, P()),
+    }[where]
     a = _deleted(kind, sharding)
     message = r"Array has been deleted with shape=float32\[8"
     for target in (NamedSharding(MESH_2x4, P("y")), DEVICES[3]):
@@ -836,8 +918,11 @@ def test_a_device_target_reuses_its_plan():
 
 def test_threads_put_and_get_at_once():
     # device_get copies with the GIL released; each thread must get back its own values.
-    shardings = [NamedSharding(MESH_2x4, P("x", "y")), NamedSharding(MESH_2x4, P(None, "x")),
-                 SingleDeviceSharding(DEVICES[3])]
+    shardings = [
+        NamedSharding(MESH_2x4, P("x", "y")),
+        NamedSharding(MESH_2x4, P(None, "x")),
+        SingleDeviceSharding(DEVICES[3]),
+    ]
     errors = []
 
     def work(seed):
@@ -864,17 +949,25 @@ def _rss_bytes():
 
 
 def test_no_memory_growth_over_many_puts_and_gets():
-    shardings = [NamedSharding(MESH_2x4, P("x")), NamedSharding(MESH_2x4, P(None, "y")),
-                 NamedSharding(MESH_2x4, P()), SingleDeviceSharding(DEVICES[5])]
-    hosts = [np.arange(32, dtype=np.float32).reshape(8, 4),
-             np.asfortranarray(np.arange(32, dtype=np.float64).reshape(8, 4)),
-             np.arange(64, dtype=np.int16).reshape(8, 8)[::-1, ::2]]
+    shardings = [
+        NamedSharding(MESH_2x4, P("x")),
+        NamedSharding(MESH_2x4, P(None, "y")),
+        NamedSharding(MESH_2x4, P()),
+        SingleDeviceSharding(DEVICES[5]),
+    ]
+    hosts = [
+        np.arange(32, dtype=np.float32).reshape(8, 4),
+        np.asfortranarray(np.arange(32, dtype=np.float64).reshape(8, 4)),
+        np.arange(64, dtype=np.int16).reshape(8, 8)[::-1, ::2],
+    ]
 
     def round_trips(n):
         for i in range(n):
             s, x = shardings[i % len(shardings)], hosts[i % len(hosts)]
-            tree = {"x": fastpjit.device_put(x, s),
-                    "k": fastpjit.device_put([i, np.float32(i)], DEVICES[i % 8])}
+            tree = {
+                "x": fastpjit.device_put(x, s),
+                "k": fastpjit.device_put([i, np.float32(i)], DEVICES[i % 8]),
+            }
             got = fastpjit.device_get(tree)
             assert got["k"][0] == i and got["x"].shape == x.shape
             if i % 50 == 0:
@@ -896,17 +989,24 @@ def _at_offset(shape, dtype, offset):
     nbytes = math.prod(shape) * np.dtype(dtype).itemsize
     raw = np.empty(nbytes + 128, np.uint8)
     start = (-raw.ctypes.data) % 64 + offset
-    out = raw[start:start + nbytes].view(dtype).reshape(shape)
+    out = raw[start : start + nbytes].view(dtype).reshape(shape)
     out[...] = np.arange(out.size, dtype=dtype).reshape(shape)
     return out
 
 
 @pytest.mark.parametrize("layout", ["c", "offset", "broadcast", "strided"])
-@pytest.mark.parametrize("target", [
-    NamedSharding(MESH_2x4, P("x")), NamedSharding(MESH_2x4, P("y")),
-    NamedSharding(MESH_2x4, P("x", "y")), NamedSharding(MESH_2x4, P()),
-    fastpjit.parse_hlo_sharding("{maximal device=5}", DEVICES), SingleDeviceSharding(DEVICES[2]),
-], ids=str)
+@pytest.mark.parametrize(
+    "target",
+    [
+        NamedSharding(MESH_2x4, P("x")),
+        NamedSharding(MESH_2x4, P("y")),
+        NamedSharding(MESH_2x4, P("x", "y")),
+        NamedSharding(MESH_2x4, P()),
+        fastpjit.parse_hlo_sharding("{maximal device=5}", DEVICES),
+        SingleDeviceSharding(DEVICES[2]),
+    ],
+    ids=str,
+)
 def test_small_puts_that_jaxlib_copies_match_jax(target, layout):
     # On the CPU, fastpjit tells jaxlib to copy the slices that it cannot adopt, except where
     # two devices' slices start at one address (shared tiles, broadcasts), which jaxlib 0.10.2
@@ -1008,8 +1108,11 @@ def test_idle_host_memory_stays_within_its_limit(host_pool_limit):
 
 def test_no_memory_growth_over_many_large_puts_and_gets(host_pool_limit):
     host_pool_limit(64 << 20)
-    shardings = [NamedSharding(MESH_2x4, P("x")), NamedSharding(MESH_2x4, P("x", "y")),
-                 NamedSharding(MESH_2x4, P())]
+    shardings = [
+        NamedSharding(MESH_2x4, P("x")),
+        NamedSharding(MESH_2x4, P("x", "y")),
+        NamedSharding(MESH_2x4, P()),
+    ]
     x = _at_offset((1024, 2048), np.float32, 16)  # 8 MiB
 
     def round_trips(n):
@@ -1037,8 +1140,7 @@ def _outcome(call: Any) -> str:
     return "ok"
 
 
-@pytest.mark.parametrize("level", ["allow", "log", "disallow", "log_explicit",
-                                   "disallow_explicit"])
+@pytest.mark.parametrize("level", ["allow", "log", "disallow", "log_explicit", "disallow_explicit"])
 def test_transfer_guard_levels_treat_device_put_and_get_as_explicit(level):
     sharding = NamedSharding(jax.make_mesh((8,), ("x",)), P("x"))
     host = np.arange(32, dtype=np.float32).reshape(8, 4)
@@ -1046,9 +1148,11 @@ def test_transfer_guard_levels_treat_device_put_and_get_as_explicit(level):
     fresh = jax.jit(lambda a: a + 1)(placed)
     with jax.transfer_guard(level):
         assert _outcome(lambda: fastpjit.device_put(host, sharding)) == _outcome(
-            lambda: jax.device_put(host, sharding))
+            lambda: jax.device_put(host, sharding)
+        )
         assert _outcome(lambda: fastpjit.device_get(fresh)) == _outcome(
-            lambda: jax.device_get(fresh))
+            lambda: jax.device_get(fresh)
+        )
     expected_put = "JaxRuntimeError" if level == "disallow_explicit" else "ok"
     with jax.transfer_guard(level):
         assert _outcome(lambda: fastpjit.device_put(host, sharding)) == expected_put

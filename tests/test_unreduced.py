@@ -26,16 +26,22 @@ EINSUM_CASES = [
     ((2, 2), ("x", "y"), P(None, "y"), P("y", None), P(None, None, unreduced={"y"})),
     ((2, 2, 2), ("x", "y", "z"), P("x", "y"), P("y", None), P("x", None, unreduced={"y"})),
     ((2, 4), ("x", "y"), P(None, "y"), P("y", None), P(None, None, unreduced={"y"})),
-    ((2, 4), ("x", "y"), P(None, ("x", "y")), P(("x", "y"), None),
-     P(None, None, unreduced={"x", "y"})),
+    (
+        (2, 4),
+        ("x", "y"),
+        P(None, ("x", "y")),
+        P(("x", "y"), None),
+        P(None, None, unreduced={"x", "y"}),
+    ),
 ]
 CASE_IDS = ["Ux", "Sx,Uy", "Rx,Uy", "Sx,Uy,Rz", "Rx,Uy4", "Uxy"]
 
 
 def explicit_mesh(sizes, names):
     n = int(np.prod(sizes))
-    return jax.make_mesh(sizes, names, axis_types=(AxisType.Explicit,) * len(names),
-                         devices=DEVICES[:n])
+    return jax.make_mesh(
+        sizes, names, axis_types=(AxisType.Explicit,) * len(names), devices=DEVICES[:n]
+    )
 
 
 def operand(sizes):
@@ -46,8 +52,10 @@ def operand(sizes):
 
 def einsum_to(out_spec):
     """A fresh function each time, so that fastpjit and JAX each trace and compile their own."""
+
     def f(x, y):
         return jnp.einsum("xy,yz->xz", x, y, out_sharding=out_spec)
+
     return f
 
 
@@ -74,8 +82,9 @@ class CompiledByFastpjit:
             assert after["compiles"] > self.before["compiles"]
 
 
-@pytest.mark.parametrize(("sizes", "names", "x_spec", "y_spec", "out_spec"), EINSUM_CASES,
-                         ids=CASE_IDS)
+@pytest.mark.parametrize(
+    ("sizes", "names", "x_spec", "y_spec", "out_spec"), EINSUM_CASES, ids=CASE_IDS
+)
 def test_unreduced_output_is_jaxs(sizes, names, x_spec, y_spec, out_spec):
     mesh = explicit_mesh(sizes, names)
     with jax.set_mesh(mesh):
@@ -94,8 +103,9 @@ def test_unreduced_output_is_jaxs(sizes, names, x_spec, y_spec, out_spec):
         np.testing.assert_allclose(np.asarray(ours_sum), np_inp @ np_inp.T, rtol=1e-6)
 
 
-@pytest.mark.parametrize(("sizes", "names", "x_spec", "y_spec", "out_spec"), EINSUM_CASES,
-                         ids=CASE_IDS)
+@pytest.mark.parametrize(
+    ("sizes", "names", "x_spec", "y_spec", "out_spec"), EINSUM_CASES, ids=CASE_IDS
+)
 def test_unreduced_input_and_output_are_jaxs(sizes, names, x_spec, y_spec, out_spec):
     mesh = explicit_mesh(sizes, names)
     with jax.set_mesh(mesh):
@@ -117,8 +127,9 @@ def test_unreduced_input_and_output_are_jaxs(sizes, names, x_spec, y_spec, out_s
             theirs = jax.jit(g)(partial)
             assert_same_array(ours, theirs)
             assert_same_array(ours_g(partial), theirs)
-        np.testing.assert_allclose(np.asarray(fastpjit.jit(double_and_sum)(partial)),
-                                   2 * np_inp @ np_inp.T, rtol=1e-6)
+        np.testing.assert_allclose(
+            np.asarray(fastpjit.jit(double_and_sum)(partial)), 2 * np_inp @ np_inp.T, rtol=1e-6
+        )
 
 
 def test_unreduced_out_shardings_of_jit_are_jaxs():
@@ -152,5 +163,6 @@ def test_unreduced_reduce_sum_is_jaxs():
                 ours = fastpjit.jit(h)(arr)
             theirs = jax.jit(h)(arr)
             assert_same_array(ours, theirs)
-            np.testing.assert_array_equal(np.asarray(reshard(ours, P(None))),
-                                          np.arange(16).reshape(4, 2, 2).sum(axis=(0, 1)))
+            np.testing.assert_array_equal(
+                np.asarray(reshard(ours, P(None))), np.arange(16).reshape(4, 2, 2).sum(axis=(0, 1))
+            )

@@ -53,17 +53,33 @@ def test_a_signature_rebuilds_arguments_of_the_same_signature(mesh):
     replicated = jax.device_put(np.ones(3, np.int32), NamedSharding(mesh, P()))
     weak = jnp.asarray(2.0)
     assert weak.aval.weak_type
-    args = ({"w": sharded, "b": [replicated, None]}, weak, np.ones((2, 3), np.float16),
-            np.float32(1), 3, 2.5, True, 1j, jnp.ones(2))
+    args = (
+        {"w": sharded, "b": [replicated, None]},
+        weak,
+        np.ones((2, 3), np.float16),
+        np.float32(1),
+        3,
+        2.5,
+        True,
+        1j,
+        jnp.ones(2),
+    )
     rebuilt, _ = roundtrip(args)
     same_signature(args, rebuilt)
 
 
 def test_statics_and_keyword_arguments_rebuild_equal(mesh):
-    args = (np.ones(2), (1, "a", None, 2.5, True), [3, (4,)], np.dtype("float32"), np.int8,
-            jnp.bfloat16)
-    rebuilt, kwargs = roundtrip(args, {"n": 3, "x": np.ones(1)}, statics=(1, 2, 3, 4, 5),
-                                static_names=("n",))
+    args = (
+        np.ones(2),
+        (1, "a", None, 2.5, True),
+        [3, (4,)],
+        np.dtype("float32"),
+        np.int8,
+        jnp.bfloat16,
+    )
+    rebuilt, kwargs = roundtrip(
+        args, {"n": 3, "x": np.ones(1)}, statics=(1, 2, 3, 4, 5), static_names=("n",)
+    )
     assert rebuilt[1:] == args[1:]
     assert [type(a) for a in rebuilt[1:]] == [type(a) for a in args[1:]]
     assert kwargs["n"] == 3 and kwargs["x"].shape == (1,)
@@ -77,6 +93,7 @@ def test_a_static_that_is_no_json_value_is_unrecordable(value):
 
 def test_a_custom_pytree_node_is_unrecordable():
     from collections import namedtuple
+
     Pair = namedtuple("Pair", "a b")
     with pytest.raises(warm_start.Unrecordable, match="Pair"):
         warm_start.describe_call((Pair(1, 2),), {}, set(), set())
@@ -95,11 +112,19 @@ def test_a_log_is_bounded_and_counts_what_it_cannot_hold():
 
 # -- Bad records ------------------------------------------------------------------------------
 
+
 def a_record(**changes):
-    record = {"schema": warm_start.SCHEMA, "schema_version": warm_start.SCHEMA_VERSION,
-              "versions": warm_start._versions(), "functions": {"f": {
-                  "unrecordable": {},
-                  "signatures": [warm_start.describe_call((np.ones(2), 1), {}, set(), set())]}}}
+    record = {
+        "schema": warm_start.SCHEMA,
+        "schema_version": warm_start.SCHEMA_VERSION,
+        "versions": warm_start._versions(),
+        "functions": {
+            "f": {
+                "unrecordable": {},
+                "signatures": [warm_start.describe_call((np.ones(2), 1), {}, set(), set())],
+            }
+        },
+    }
     record.update(changes)
     return record
 
@@ -114,22 +139,78 @@ def test_a_good_record_loads(tmp_path):
     assert warm_start.load_record(write(tmp_path, a_record()))["functions"]["f"]
 
 
-@pytest.mark.parametrize(("record", "words"), [
-    (a_record(schema_version=2), "newer fastpjit"),
-    (a_record(schema="other"), "schema"),
-    (a_record(schema_version=True), "schema_version"),
-    (a_record(functions=[]), "functions"),
-    ({"schema": "fastpjit.signatures"}, "the keys"),
-    ([], "an object"),
-    (a_record(functions={"f": {"unrecordable": {}, "signatures": [{"args": [{"leaf": {
-        "kind": "numpy", "shape": [2 ** 60], "dtype": "float32"}}], "kwargs": {},
-        "config": {"jax_enable_x64": False, "mesh": None}}]}}), "a dim in"),
-    (a_record(functions={"f": {"unrecordable": {}, "signatures": [{"args": [{"leaf": {
-        "kind": "numpy", "shape": [2], "dtype": "object"}}], "kwargs": {},
-        "config": {"jax_enable_x64": False, "mesh": None}}]}}), "dtype"),
-    (a_record(functions={"f": {"unrecordable": {}, "signatures": [{"args": [{"code": "1"}],
-        "kwargs": {}, "config": {"jax_enable_x64": False, "mesh": None}}]}}), "one of the keys"),
-])
+@pytest.mark.parametrize(
+    ("record", "words"),
+    [
+        (a_record(schema_version=2), "newer fastpjit"),
+        (a_record(schema="other"), "schema"),
+        (a_record(schema_version=True), "schema_version"),
+        (a_record(functions=[]), "functions"),
+        ({"schema": "fastpjit.signatures"}, "the keys"),
+        ([], "an object"),
+        (
+            a_record(
+                functions={
+                    "f": {
+                        "unrecordable": {},
+                        "signatures": [
+                            {
+                                "args": [
+                                    {
+                                        "leaf": {
+                                            "kind": "numpy",
+                                            "shape": [2**60],
+                                            "dtype": "float32",
+                                        }
+                                    }
+                                ],
+                                "kwargs": {},
+                                "config": {"jax_enable_x64": False, "mesh": None},
+                            }
+                        ],
+                    }
+                }
+            ),
+            "a dim in",
+        ),
+        (
+            a_record(
+                functions={
+                    "f": {
+                        "unrecordable": {},
+                        "signatures": [
+                            {
+                                "args": [
+                                    {"leaf": {"kind": "numpy", "shape": [2], "dtype": "object"}}
+                                ],
+                                "kwargs": {},
+                                "config": {"jax_enable_x64": False, "mesh": None},
+                            }
+                        ],
+                    }
+                }
+            ),
+            "dtype",
+        ),
+        (
+            a_record(
+                functions={
+                    "f": {
+                        "unrecordable": {},
+                        "signatures": [
+                            {
+                                "args": [{"code": "1"}],
+                                "kwargs": {},
+                                "config": {"jax_enable_x64": False, "mesh": None},
+                            }
+                        ],
+                    }
+                }
+            ),
+            "one of the keys",
+        ),
+    ],
+)
 def test_a_bad_record_raises_value_error_naming_what_is_wrong(tmp_path, record, words):
     with pytest.raises(ValueError, match=words):
         warm_start.load_record(write(tmp_path, record))
@@ -137,8 +218,12 @@ def test_a_bad_record_raises_value_error_naming_what_is_wrong(tmp_path, record, 
 
 def test_a_truncated_corrupted_or_deep_record_raises_value_error(tmp_path):
     text = json.dumps(a_record()).encode()
-    for data in (text[: len(text) // 2], b"\xff\xfe" + text, b"[" * 100_000 + b"]" * 100_000,
-                 text.replace(b"false", b"NaN")):
+    for data in (
+        text[: len(text) // 2],
+        b"\xff\xfe" + text,
+        b"[" * 100_000 + b"]" * 100_000,
+        text.replace(b"false", b"NaN"),
+    ):
         with pytest.raises(ValueError, match="invalid signature record"):
             warm_start.load_record(write(tmp_path, data))
 
@@ -153,10 +238,13 @@ def test_a_fuzzed_record_loads_or_raises_value_error(tmp_path_factory, data):
         if edit == "flip":
             text[i] = data.draw(st.integers(0, 255))
         elif edit == "cut":
-            del text[i:i + data.draw(st.integers(1, 8))]
+            del text[i : i + data.draw(st.integers(1, 8))]
         else:
-            text[i:i] = data.draw(st.sampled_from([b"{", b"}", b"[", b"]", b",", b'"', b"1e999",
-                                                   b"-1", b"null", b'"x"']))
+            text[i:i] = data.draw(
+                st.sampled_from(
+                    [b"{", b"}", b"[", b"]", b",", b'"', b"1e999", b"-1", b"null", b'"x"']
+                )
+            )
         if not text:
             text = bytearray(b"{")
     path = tmp_path_factory.mktemp("fuzz") / "record.json"
@@ -172,8 +260,14 @@ SCRIPT = os.path.join(os.path.dirname(__file__), "warm_start_script.py")
 
 
 def run_script(mode, path, **env):
-    done = subprocess.run([sys.executable, SCRIPT, mode, str(path)], capture_output=True,
-                          text=True, timeout=240, env={**os.environ, **env}, check=False)
+    done = subprocess.run(
+        [sys.executable, SCRIPT, mode, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, **env},
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -197,9 +291,11 @@ def test_a_replayed_record_makes_every_first_call_a_hit(recorded):
 
 @pytest.mark.timeout(300)
 def test_a_replay_loads_what_jaxs_persistent_cache_holds(recorded, tmp_path):
-    env = {"JAX_COMPILATION_CACHE_DIR": str(tmp_path / "cache"),
-           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-           "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+    env = {
+        "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "cache"),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+    }
     first = run_script("replay", recorded, **env)
     second = run_script("replay", recorded, **env)
     assert first["misses"] == second["misses"] == 0
@@ -219,6 +315,7 @@ def test_signatures_on_devices_this_process_lacks_are_skipped(recorded, tmp_path
     def on_device_99(record):
         leaf = record["functions"]["aot"]["signatures"][0]["args"][0]["leaf"]
         leaf["sharding"]["device_ids"][3] = 99
+
     path = edited(recorded, tmp_path, on_device_99)
     aot = fastpjit.jit(lambda x: x * 2 + 1).lower(jnp.ones((8, 4))).compile()
     report = fastpjit.warm_up(path, {"aot": aot})
@@ -229,6 +326,7 @@ def test_signatures_on_devices_this_process_lacks_are_skipped(recorded, tmp_path
 def test_a_record_of_other_versions_is_skipped_whole(recorded, tmp_path):
     def older_jax(record):
         record["versions"]["jax"] = "0.4.1"
+
     path = edited(recorded, tmp_path, older_jax)
     f = fastpjit.jit(lambda x: x)
     report = fastpjit.warm_up(path, {"power": f, "layer": f})
@@ -240,8 +338,9 @@ def test_a_record_of_other_versions_is_skipped_whole(recorded, tmp_path):
 
 def test_only_the_functions_passed_are_called(recorded):
     calls = []
-    f = fastpjit.jit(lambda x, n, mode="square": calls.append(x) or x, static_argnums=1,
-                     static_argnames="mode")
+    f = fastpjit.jit(
+        lambda x, n, mode="square": calls.append(x) or x, static_argnums=1, static_argnames="mode"
+    )
     report = fastpjit.warm_up(recorded, {"power": f, "not recorded": fastpjit.jit(abs)})
     assert len(report.entries) == len(calls) == 3
     assert {e.function for e in report.entries} == {"power"}
@@ -255,7 +354,8 @@ def test_statics_a_record_cannot_hold_are_counted_at_save(tmp_path):
     entry = record["functions"]["f"]
     assert len(entry["signatures"]) == 1
     assert entry["unrecordable"] == {
-        "a static argument of type object, which is not a JSON value or a dtype": 1}
+        "a static argument of type object, which is not a JSON value or a dtype": 1
+    }
     assert warm_start.load_record(tmp_path / "r.json") == record
 
 

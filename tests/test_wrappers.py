@@ -205,6 +205,7 @@ def test_a_jitted_function_pickles_with_its_options(kind):
 def test_cloudpickle_of_local_jitted_functions_like_jax_s_own_test():
     # JAX's tests/pickle_test.py, testPickleOfJittedFunctions, with both jits.
     for jit in (fastpjit.jit, jax.jit):
+
         @jit
         def f(x, y):
             return x * y
@@ -239,8 +240,9 @@ def test_cloudpickle_of_a_jitted_lambda_loads_in_another_process():
         f = pickle.loads(sys.stdin.buffer.read())
         print(type(f).__name__, f(jnp.arange(3.0), 4).tolist())
     """)
-    done = subprocess.run([sys.executable, "-c", script], input=data, capture_output=True,
-                          timeout=120, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", script], input=data, capture_output=True, timeout=120, check=False
+    )
     assert done.returncode == 0, done.stderr.decode()
     assert done.stdout.decode().split() == ["JitWrapped", "[0.0,", "4.0,", "8.0]"]
 
@@ -273,8 +275,9 @@ def test_pickle_of_a_function_in_main_as_jax_does():
               outcome(cloudpickle.dumps, f), outcome(cloudpickle.dumps, f_by_jax),
               outcome(pickle.dumps, p), outcome(cloudpickle.dumps, p))
     """)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120,
-                          check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, timeout=120, check=False
+    )
     assert done.returncode == 0, done.stderr.decode()
     assert done.stdout.decode().split() == ["fails", "fails", "value", "value", "name", "name"]
 
@@ -338,6 +341,7 @@ def calls_traced(traces: list[Any]) -> Any:
     def call(f, v):
         traces.append(f)
         return f(v)
+
     return call
 
 
@@ -355,14 +359,17 @@ def test_a_bound_method_as_a_static_argument_traces_once():
 # --- jit(None), pmap(None) ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("call", [
-    lambda jit, pmap: jit(None),
-    lambda jit, pmap: jit(None, static_argnums=0),
-    lambda jit, pmap: jit(3),
-    lambda jit, pmap: pmap(None),
-    lambda jit, pmap: pmap(None, axis_name="i"),
-    lambda jit, pmap: pmap(axis_name="i"),
-])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda jit, pmap: jit(None),
+        lambda jit, pmap: jit(None, static_argnums=0),
+        lambda jit, pmap: jit(3),
+        lambda jit, pmap: pmap(None),
+        lambda jit, pmap: pmap(None, axis_name="i"),
+        lambda jit, pmap: pmap(axis_name="i"),
+    ],
+)
 def test_a_value_that_is_not_callable_fails_like_jax(call):
     with pytest.raises(TypeError) as expected:
         call(jax.jit, jax.pmap)
@@ -381,12 +388,14 @@ def test_jit_without_a_function_is_a_decorator():
     decorate = fastpjit.jit(static_argnums=1)
     ours = decorate(plus)
     assert isinstance(ours, type(doubled))
-    assert_same_outputs(ours(jnp.arange(3.0), 2), jax.jit(fresh(plus), static_argnums=1)(
-        jnp.arange(3.0), 2))
+    assert_same_outputs(
+        ours(jnp.arange(3.0), 2), jax.jit(fresh(plus), static_argnums=1)(jnp.arange(3.0), 2)
+    )
 
 
-@pytest.mark.parametrize("argnums", [
-    lambda: np.int64(1), lambda: iter([1]), lambda: (i for i in [1])])
+@pytest.mark.parametrize(
+    "argnums", [lambda: np.int64(1), lambda: iter([1]), lambda: (i for i in [1])]
+)
 def test_pmap_reads_static_argument_numbers_as_jax_does(argnums):
     # An iterator reached jax.pmap, which consumed it, and the dispatcher then saw no static
     # argument; numpy integers were refused.
@@ -406,11 +415,15 @@ def test_jax_clear_caches_frees_fastpjit_s_executables_like_jax_s():
     x = jax.device_put(np.arange(8, dtype=np.float32))
     rows = jax.device_put(np.arange(16, dtype=np.float32).reshape(8, 2))
     baseline = live_executables()
-    ours = [fastpjit.jit(fresh(plus), static_argnums=1), fastpjit.pjit(fresh(plus),
-                                                                        static_argnums=1),
-            fastpjit.pmap(fresh(plus), static_broadcasted_argnums=1)]
-    theirs = [jax.jit(fresh(plus), static_argnums=1), jax.pmap(fresh(plus),
-                                                               static_broadcasted_argnums=1)]
+    ours = [
+        fastpjit.jit(fresh(plus), static_argnums=1),
+        fastpjit.pjit(fresh(plus), static_argnums=1),
+        fastpjit.pmap(fresh(plus), static_broadcasted_argnums=1),
+    ]
+    theirs = [
+        jax.jit(fresh(plus), static_argnums=1),
+        jax.pmap(fresh(plus), static_broadcasted_argnums=1),
+    ]
     for f in ours:
         f(rows if isinstance(f, type(tripled)) else x, 1)
     assert live_executables() > baseline
@@ -461,10 +474,18 @@ def frames_of(error: BaseException) -> list[tuple[str, str]]:
     return [(f.filename, f.name) for f in traceback.extract_tb(error.__traceback__)]
 
 
-@pytest.mark.parametrize(("kind", "how"), [
-    *((kind, how) for kind in ("jit", "pjit") for how in ("call", "lower", "eval_shape", "trace")),
-    ("pmap", "call"), ("pmap", "lower"),  # jax.pmap's functions have no eval_shape or trace
-])
+@pytest.mark.parametrize(
+    ("kind", "how"),
+    [
+        *(
+            (kind, how)
+            for kind in ("jit", "pjit")
+            for how in ("call", "lower", "eval_shape", "trace")
+        ),
+        ("pmap", "call"),
+        ("pmap", "lower"),  # jax.pmap's functions have no eval_shape or trace
+    ],
+)
 def test_an_error_in_the_user_s_function_shows_the_user_s_frames_like_jax(kind, how):
     ours = {"jit": fastpjit.jit, "pjit": fastpjit.pjit, "pmap": fastpjit.pmap}[kind]
     theirs = jax.pmap if kind == "pmap" else jax.jit
@@ -648,4 +669,5 @@ class Carrier:
 
 
 jax.tree_util.register_pytree_node(
-    Carrier, lambda c: ((c.x,), c.fn), lambda fn, children: Carrier(children[0], fn))
+    Carrier, lambda c: ((c.x,), c.fn), lambda fn, children: Carrier(children[0], fn)
+)

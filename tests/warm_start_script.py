@@ -20,7 +20,7 @@ def layer(params, x, *, scale):
 
 
 def power(x, n, mode="square"):
-    return x ** n if mode == "power" else x * x
+    return x**n if mode == "power" else x * x
 
 
 def mean_over_devices(x):
@@ -36,19 +36,31 @@ def functions():
     pmapped = fastpjit.pmap(mean_over_devices, axis_name="i")
     spec = jax.ShapeDtypeStruct((8, 4), jnp.float32, sharding=sharded)
     aot = fastpjit.jit(lambda x: x * 2 + 1).lower(spec).compile()
-    hlo = fastpjit.compile_hlo(jax.jit(lambda a, b: a @ b).lower(
-        jax.ShapeDtypeStruct((4, 6), jnp.float32),
-        jax.ShapeDtypeStruct((6, 8), jnp.float32)).as_text())
+    hlo = fastpjit.compile_hlo(
+        jax.jit(lambda a, b: a @ b)
+        .lower(jax.ShapeDtypeStruct((4, 6), jnp.float32), jax.ShapeDtypeStruct((6, 8), jnp.float32))
+        .as_text()
+    )
     bound_layer = jit_layer.bind(params(mesh, 16))
-    fns = {"layer": jit_layer, "power": jit_power, "pmap": pmapped, "aot": aot, "hlo": hlo,
-           "bound": bound_layer}
+    fns = {
+        "layer": jit_layer,
+        "power": jit_power,
+        "pmap": pmapped,
+        "aot": aot,
+        "hlo": hlo,
+        "bound": bound_layer,
+    }
     return mesh, sharded, fns
 
 
 def params(mesh, width):
-    return {"w": jax.device_put(np.full((width, width), 0.01, np.float32),
-                                NamedSharding(mesh, P(None, "y"))),
-            "b": np.zeros(width, np.float32), "n": 3}
+    return {
+        "w": jax.device_put(
+            np.full((width, width), 0.01, np.float32), NamedSharding(mesh, P(None, "y"))
+        ),
+        "b": np.zeros(width, np.float32),
+        "n": 3,
+    }
 
 
 def calls(mesh, sharded, fns):
@@ -56,21 +68,38 @@ def calls(mesh, sharded, fns):
     out = []
     for width, batch in ((16, 8), (16, 16), (32, 8)):
         x = jax.device_put(np.ones((batch, width), np.float32), sharded)
-        out.append(("layer", (params(mesh, width), x), {"scale": 2.0},
-                    jax.jit(layer)))
-    out.append(("power", (np.arange(4.0), 3), {"mode": "power"},
-                jax.jit(power, static_argnums=1, static_argnames="mode")))
+        out.append(("layer", (params(mesh, width), x), {"scale": 2.0}, jax.jit(layer)))
+    out.append(
+        (
+            "power",
+            (np.arange(4.0), 3),
+            {"mode": "power"},
+            jax.jit(power, static_argnums=1, static_argnames="mode"),
+        )
+    )
     out.append(("power", (jnp.arange(4), 2), {}, jax.jit(power, static_argnums=1)))
     out.append(("power", (2.0, 2), {}, jax.jit(power, static_argnums=1)))
-    out.append(("pmap", (np.arange(16.0).reshape(8, 2),), {},
-                jax.pmap(mean_over_devices, axis_name="i")))
-    out.append(("aot", (jax.device_put(np.ones((8, 4), np.float32), sharded),), {},
-                jax.jit(lambda x: x * 2 + 1)))
-    out.append(("hlo", (np.ones((4, 6), np.float32), np.ones((6, 8), np.float32)), {},
-                jax.jit(lambda a, b: (a @ b,))))
+    out.append(
+        ("pmap", (np.arange(16.0).reshape(8, 2),), {}, jax.pmap(mean_over_devices, axis_name="i"))
+    )
+    out.append(
+        (
+            "aot",
+            (jax.device_put(np.ones((8, 4), np.float32), sharded),),
+            {},
+            jax.jit(lambda x: x * 2 + 1),
+        )
+    )
+    out.append(
+        (
+            "hlo",
+            (np.ones((4, 6), np.float32), np.ones((6, 8), np.float32)),
+            {},
+            jax.jit(lambda a, b: (a @ b,)),
+        )
+    )
     x = jax.device_put(np.ones((8, 16), np.float32), sharded)
-    out.append(("bound", (x,), {"scale": 1.0},
-                jax.jit(functools.partial(layer, params(mesh, 16)))))
+    out.append(("bound", (x,), {"scale": 1.0}, jax.jit(functools.partial(layer, params(mesh, 16)))))
     return out
 
 
@@ -85,15 +114,25 @@ def main():
     for name, args, kwargs, reference in calls(mesh, sharded, fns):
         ours = jax.tree.leaves(fns[name](*args, **kwargs))
         theirs = jax.tree.leaves(reference(*args, **kwargs))
-        results.append(len(ours) == len(theirs) and all(
-            np.array_equal(a, b) for a, b in zip(ours, theirs, strict=True)))
+        results.append(
+            len(ours) == len(theirs)
+            and all(np.array_equal(a, b) for a, b in zip(ours, theirs, strict=True))
+        )
     stats = fastpjit.stats()
     if mode == "record":
         fastpjit.save_signatures(path, fns)
-    print(json.dumps({"equal": results, "hits": stats["cache_hits"],
-                      "misses": stats["cache_misses"], "fallbacks": stats["fallbacks"],
-                      "counts": report.counts() if report else None,
-                      "skipped": report.skipped() if report else None}))
+    print(
+        json.dumps(
+            {
+                "equal": results,
+                "hits": stats["cache_hits"],
+                "misses": stats["cache_misses"],
+                "fallbacks": stats["fallbacks"],
+                "counts": report.counts() if report else None,
+                "skipped": report.skipped() if report else None,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -64,8 +64,12 @@ class XlaShardingOracle:
     def __init__(self) -> None:
         env = {**os.environ, "JAX_PLATFORMS": "cpu"}
         self._process = subprocess.Popen(
-            [sys.executable, "-c", _SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL, text=True, env=env,
+            [sys.executable, "-c", _SERVER],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=env,
         )
         self._lock = threading.Lock()
         self._cache: dict[str, tuple[str, str]] = {}

@@ -25,14 +25,29 @@ def summary(stats: Stats | None = None) -> str:
     if not functions:
         return "fastpjit: no fastpjit function was called."
     headers = ("function", "calls", "hits", "misses", "compiles", "fallbacks")
-    rows = [(name, *map(str, (counts["calls"], counts["cache_hits"], counts["cache_misses"],
-                              counts["compiles"], sum(counts["fallbacks"].values()))))
-            for name, counts in sorted(functions.items(), key=lambda f: -f[1]["calls"])]
+    rows = [
+        (
+            name,
+            *map(
+                str,
+                (
+                    counts["calls"],
+                    counts["cache_hits"],
+                    counts["cache_misses"],
+                    counts["compiles"],
+                    sum(counts["fallbacks"].values()),
+                ),
+            ),
+        )
+        for name, counts in sorted(functions.items(), key=lambda f: -f[1]["calls"])
+    ]
     widths = [max(len(row[i]) for row in (headers, *rows)) for i in range(len(headers))]
 
     def line(cells: tuple[str, ...]) -> str:
-        return "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
-                         for i, (cell, w) in enumerate(zip(cells, widths, strict=True)))
+        return "  ".join(
+            cell.ljust(w) if i == 0 else cell.rjust(w)
+            for i, (cell, w) in enumerate(zip(cells, widths, strict=True))
+        )
 
     lines = ["fastpjit summary:", line(headers), *map(line, rows)]
     for name, counts in sorted(functions.items()):
@@ -70,10 +85,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fastpjit", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser(
-        "run", help="run a program with fastpjit installed in JAX's place, and print what "
-                    "its functions' calls did at exit")
-    run.add_argument("-m", dest="module", action="store_true",
-                     help="run a module by name, as python -m does")
+        "run",
+        help="run a program with fastpjit installed in JAX's place, and print what "
+        "its functions' calls did at exit",
+    )
+    run.add_argument(
+        "-m", dest="module", action="store_true", help="run a module by name, as python -m does"
+    )
     run.add_argument("target", help="the script (or, with -m, the module) to run")
     run.add_argument("args", nargs=argparse.REMAINDER, help="the program's arguments")
     options = parser.parse_args(argv)

@@ -38,7 +38,8 @@ class SharedCaches:
 
     def __init__(self) -> None:
         self._caches: weakref.WeakKeyDictionary[Any, OrderedDict[Hashable, Any]] = (
-            weakref.WeakKeyDictionary())
+            weakref.WeakKeyDictionary()
+        )
         self._lock = threading.Lock()
         _jax.clear_with_jax_caches(self)
 

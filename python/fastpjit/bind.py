@@ -76,12 +76,14 @@ class Bindable:
                 raise ValueError(
                     f"bind: argument {i} of {self!r} is donated, and a bound argument stays "
                     "resident: it cannot be consumed. Bind only arguments that are not donated, "
-                    "or pass it on every call.")
+                    "or pass it on every call."
+                )
         for name in kwargs:
             if name in donated_names:
                 raise ValueError(
                     f"bind: keyword argument {name!r} of {self!r} is donated, and a bound "
-                    "argument stays resident: it cannot be consumed.")
+                    "argument stays resident: it cannot be consumed."
+                )
         function: Any = self  # a JitFunction, which this class is mixed into
         placement = self._bound_placement()
         if placement is None:
@@ -123,6 +125,7 @@ def _placeable(leaf: Any) -> bool:
 def _placed(value: Any, sharding: Any) -> Any:
     """`value` with its numpy arrays put on `sharding` (a tree of them), copied: later changes
     to the host array do not reach the bound one."""
+
     def place(leaf: Any, where: Any) -> Any:
         return jax.device_put(leaf, where, may_alias=False) if _placeable(leaf) else leaf
 
@@ -130,9 +133,11 @@ def _placed(value: Any, sharding: Any) -> Any:
 
 
 def _arrays(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[str, Any]]:
-    return [(_where(path), leaf)
-            for path, leaf in jax.tree_util.tree_flatten_with_path((args, kwargs))[0]
-            if isinstance(leaf, jax.Array)]
+    return [
+        (_where(path), leaf)
+        for path, leaf in jax.tree_util.tree_flatten_with_path((args, kwargs))[0]
+        if isinstance(leaf, jax.Array)
+    ]
 
 
 def _settle(bound: Bound) -> None:
@@ -148,8 +153,11 @@ def _settle(bound: Bound) -> None:
     targets = dict(function._latest_host_targets())
     # As the call placed them: uncommitted, as host values are, except on several devices,
     # where only committed arrays exist (and the call's other arrays are committed).
-    placed = [_core.device_put_leaf(np.array(leaf), targets[j],
-                                    committed=targets[j].num_devices > 1)
-              if j in targets and _placeable(leaf) else leaf for j, leaf in enumerate(leaves)]
+    placed = [
+        _core.device_put_leaf(np.array(leaf), targets[j], committed=targets[j].num_devices > 1)
+        if j in targets and _placeable(leaf)
+        else leaf
+        for j, leaf in enumerate(leaves)
+    ]
     args = jax.tree.unflatten(tree, placed)
     bound._settle_with(args, kwargs, _arrays(args, kwargs))

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 from fastpjit._jax.api import DuplicateSpecError, IndivisibleError
 
-__all__ = ["DuplicateSpecError", "IndivisibleError", "NoPlacementError", "RecompileError",
-           "ShardingRankError"]
+__all__ = [
+    "DuplicateSpecError",
+    "IndivisibleError",
+    "NoPlacementError",
+    "RecompileError",
+    "ShardingRankError",
+]
 
 
 class ShardingRankError(ValueError, IndexError, AssertionError):

@@ -16,10 +16,10 @@ from typing import Any
 from fastpjit import _core
 from fastpjit.errors import RecompileError
 
-__all__ = ["Difference", "leaf_rows", "nearest_differences", "no_recompiles",
-           "recompiles_allowed"]
+__all__ = ["Difference", "leaf_rows", "nearest_differences", "no_recompiles", "recompiles_allowed"]
 
 # -- Signatures as rows -----------------------------------------------------------------------
+
 
 def leaf_rows(signature: dict[str, Any]) -> dict[str, str]:
     """Each leaf of a signature, by its path (`args[0]['w']`), described in words."""
@@ -79,16 +79,20 @@ def _leaf_text(leaf: dict[str, Any]) -> str:
 def _sharding_text(sharding: dict[str, Any]) -> str:
     if sharding["type"] == "single":
         return f"on device {sharding['device_id']}"
-    mesh = ", ".join(f"{n}={s}" for n, s in zip(sharding["axis_names"], sharding["mesh_shape"],
-                                                   strict=True))
+    mesh = ", ".join(
+        f"{n}={s}" for n, s in zip(sharding["axis_names"], sharding["mesh_shape"], strict=True)
+    )
     if sharding["device_ids"] != sorted(sharding["device_ids"]):
         mesh += f" on devices {sharding['device_ids']}"
-    spec = ", ".join("None" if p is None else repr(p) if isinstance(p, str) else
-                     f"({', '.join(map(repr, p))})" for p in sharding["spec"])
+    spec = ", ".join(
+        "None" if p is None else repr(p) if isinstance(p, str) else f"({', '.join(map(repr, p))})"
+        for p in sharding["spec"]
+    )
     return f"NamedSharding(mesh({mesh}), P({spec}))"
 
 
 # -- What differs -----------------------------------------------------------------------------
+
 
 @dataclasses.dataclass(frozen=True)
 class Difference:
@@ -102,27 +106,53 @@ class Difference:
     cached: str
 
     def __str__(self) -> str:
-        return f"{self.path}: {self.what} differs: this call has {self.call}, the cached " \
-               f"signature {self.cached}"
+        return (
+            f"{self.path}: {self.what} differs: this call has {self.call}, the cached "
+            f"signature {self.cached}"
+        )
 
 
 def _differences(call: dict[str, Any], cached: dict[str, Any]) -> list[Difference]:
     out = []
     ours, theirs = call["config"], cached["config"]
     if ours["jax_enable_x64"] != theirs["jax_enable_x64"]:
-        out.append(Difference("x64 (jax_enable_x64)", "config", str(ours["jax_enable_x64"]),
-                              str(theirs["jax_enable_x64"])))
+        out.append(
+            Difference(
+                "x64 (jax_enable_x64)",
+                "config",
+                str(ours["jax_enable_x64"]),
+                str(theirs["jax_enable_x64"]),
+            )
+        )
     if ours["mesh"] != theirs["mesh"]:
-        out.append(Difference("mesh context (jax.set_mesh)", "config", _mesh_text(ours["mesh"]),
-                              _mesh_text(theirs["mesh"])))
+        out.append(
+            Difference(
+                "mesh context (jax.set_mesh)",
+                "config",
+                _mesh_text(ours["mesh"]),
+                _mesh_text(theirs["mesh"]),
+            )
+        )
     if sorted(call["kwargs"]) != sorted(cached["kwargs"]):
-        out.append(Difference("keyword arguments", "kwargs", str(sorted(call["kwargs"])),
-                              str(sorted(cached["kwargs"]))))
+        out.append(
+            Difference(
+                "keyword arguments",
+                "kwargs",
+                str(sorted(call["kwargs"])),
+                str(sorted(cached["kwargs"])),
+            )
+        )
     our_leaves, their_leaves = _leaves(call), _leaves(cached)
     if our_leaves.keys() != their_leaves.keys():
         only = sorted(our_leaves.keys() ^ their_leaves.keys())
-        out.append(Difference("tree structure", ", ".join(only[:4]),
-                              f"{len(our_leaves)} leaves", f"{len(their_leaves)} leaves"))
+        out.append(
+            Difference(
+                "tree structure",
+                ", ".join(only[:4]),
+                f"{len(our_leaves)} leaves",
+                f"{len(their_leaves)} leaves",
+            )
+        )
     for path in our_leaves.keys() & their_leaves.keys():
         out.extend(_leaf_differences(path, our_leaves[path], their_leaves[path]))
     return out
@@ -131,8 +161,9 @@ def _differences(call: dict[str, Any], cached: dict[str, Any]) -> list[Differenc
 def _mesh_text(mesh: dict[str, Any] | None) -> str:
     if mesh is None:
         return "no mesh"
-    axes = ", ".join(f"{n}={s}" for n, s in zip(mesh["axis_names"], mesh["mesh_shape"],
-                                                strict=True))
+    axes = ", ".join(
+        f"{n}={s}" for n, s in zip(mesh["axis_names"], mesh["mesh_shape"], strict=True)
+    )
     return f"mesh({axes}) on devices {mesh['device_ids']}"
 
 
@@ -163,8 +194,7 @@ def _leaves(signature: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return leaves
 
 
-def _leaf_differences(path: str, ours: dict[str, Any], theirs: dict[str, Any]
-                      ) -> list[Difference]:
+def _leaf_differences(path: str, ours: dict[str, Any], theirs: dict[str, Any]) -> list[Difference]:
     if "static" in ours or "static" in theirs:
         if ours != theirs:
             return [Difference("static value", path, _value(ours), _value(theirs))]
@@ -176,8 +206,13 @@ def _leaf_differences(path: str, ours: dict[str, Any], theirs: dict[str, Any]
     if ours["kind"] != theirs["kind"]:
         return [Difference("kind", path, _leaf_text(ours), _leaf_text(theirs))]
     out = []
-    for field, what in (("shape", "shape"), ("dtype", "dtype"), ("weak_type", "weak type"),
-                        ("committed", "committed"), ("sharding", "sharding")):
+    for field, what in (
+        ("shape", "shape"),
+        ("dtype", "dtype"),
+        ("weak_type", "weak type"),
+        ("committed", "committed"),
+        ("sharding", "sharding"),
+    ):
         if field in ours and ours[field] != theirs.get(field):
             show: Callable[[Any], str] = _sharding_text if field == "sharding" else str
             out.append(Difference(what, path, show(ours[field]), show(theirs[field])))
@@ -190,8 +225,9 @@ def _value(entry: dict[str, Any]) -> str:
     return str(entry)
 
 
-def nearest_differences(call: dict[str, Any], cached: list[dict[str, Any]]
-                        ) -> list[Difference] | None:
+def nearest_differences(
+    call: dict[str, Any], cached: list[dict[str, Any]]
+) -> list[Difference] | None:
     """What differs between `call` and the cached signature nearest to it (fewest
     differences; the newest among equals); None when nothing is cached."""
     best: list[Difference] | None = None
@@ -226,8 +262,7 @@ class no_recompiles(contextlib.ContextDecorator):  # noqa: N801 - used like a fu
         _guard.depth -= 1
 
 
-def check_recompile(name: str, log: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-                    ) -> None:
+def check_recompile(name: str, log: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """Raises RecompileError for a miss of `name` inside `no_recompiles`."""
     if recompiles_allowed():
         return
@@ -238,6 +273,7 @@ def check_recompile(name: str, log: Any, args: tuple[Any, ...], kwargs: dict[str
 def miss_report(name: str, log: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
     """A miss in words: the call's signature, and what differs from the nearest cached."""
     from fastpjit.warm_start import Unrecordable
+
     try:
         call = log.describe(args, kwargs)
     except Unrecordable as why:

@@ -79,8 +79,12 @@ class HloFunction(Bindable, _core.JitFunction):
         return f"<fastpjit.compile_hlo of {self._program.name} on {self.num_devices} devices>"
 
 
-def compile_hlo(module: str | bytes, devices: Sequence[Any] | None = None, *,
-                donate_argnums: int | Sequence[int] = ()) -> HloFunction:
+def compile_hlo(
+    module: str | bytes,
+    devices: Sequence[Any] | None = None,
+    *,
+    donate_argnums: int | Sequence[int] = (),
+) -> HloFunction:
     """Compiles a sharded module into a function that takes and returns global jax.Arrays.
 
     `module` is HLO text as XLA and PyTorch/XLA print it, StableHLO text, or bytes (a
@@ -92,8 +96,9 @@ def compile_hlo(module: str | bytes, devices: Sequence[Any] | None = None, *,
     `donate_argnums` give their buffers to the results.
     """
     if not isinstance(module, str | bytes | bytearray | memoryview):
-        raise TypeError(f"compile_hlo takes the module as text or bytes, got "
-                        f"{type(module).__name__}")
+        raise TypeError(
+            f"compile_hlo takes the module as text or bytes, got {type(module).__name__}"
+        )
     parsed = hlo_backend.read_hlo_module(module if isinstance(module, str) else bytes(module))
     devices = _devices(devices, parsed.num_partitions)
     donated = _donated(donate_argnums, len(parsed.in_avals))
@@ -102,11 +107,13 @@ def compile_hlo(module: str | bytes, devices: Sequence[Any] | None = None, *,
 
 def _function(program: _Program) -> HloFunction:
     # A bad argument's error shows the caller's frame, not fastpjit's checks.
-    cache = _core.DispatchCache(program.name, [], [], kind=_KIND, capacity=_CACHE_CAPACITY,
-                                context=False)
+    cache = _core.DispatchCache(
+        program.name, [], [], kind=_KIND, capacity=_CACHE_CAPACITY, context=False
+    )
     log = SignatureLog()
-    function = HloFunction(api.api_boundary(program.run),
-                           api.api_boundary(log.noting(program.miss)), cache)
+    function = HloFunction(
+        api.api_boundary(program.run), api.api_boundary(log.noting(program.miss)), cache
+    )
     function._program = program
     function._signature_log = log
     return function
@@ -117,8 +124,9 @@ def _devices(devices: Sequence[Any] | None, partitions: int | None) -> tuple[Any
         available = jax.devices()
         count = partitions or 1
         if count > len(available):
-            raise ValueError(f"the module has {count} partitions, but there are only "
-                             f"{len(available)} devices")
+            raise ValueError(
+                f"the module has {count} partitions, but there are only {len(available)} devices"
+            )
         return tuple(available[:count])
     devices = tuple(devices)
     if not devices:
@@ -131,8 +139,10 @@ def _devices(devices: Sequence[Any] | None, partitions: int | None) -> tuple[Any
     if len({d.client for d in devices}) != 1:
         raise ValueError("devices must all belong to one backend")
     if partitions is not None and partitions != len(devices):
-        raise ValueError(f"the module has {partitions} partitions, but {len(devices)} devices "
-                         "were given (one per partition)")
+        raise ValueError(
+            f"the module has {partitions} partitions, but {len(devices)} devices "
+            "were given (one per partition)"
+        )
     return devices
 
 
@@ -150,31 +160,40 @@ def _donated(donate_argnums: int | Sequence[int], count: int) -> list[bool]:
 class _Program:
     """The compiled module and what its calls need; the dispatcher's `miss` and `fallback`."""
 
-    def __init__(self, parsed: hlo_backend.HloProgram, devices: tuple[Any, ...],
-                 donated: list[bool]):
+    def __init__(
+        self, parsed: hlo_backend.HloProgram, devices: tuple[Any, ...], donated: list[bool]
+    ):
         self.name = parsed.name
         self.devices = devices
         self.in_avals, out_avals = parsed.in_avals, parsed.out_avals
         self.executable = hlo_backend.compile_hlo_program(parsed, devices, donated)
         self.donated = donated
-        ins, outs = hlo_backend.hlo_shardings(self.executable, devices, len(self.in_avals),
-                                       len(out_avals))
+        ins, outs = hlo_backend.hlo_shardings(
+            self.executable, devices, len(self.in_avals), len(out_avals)
+        )
         self.in_shardings, self.out_shardings = tuple(ins), tuple(outs)
         self.out_avals, self.handlers = hlo_backend.result_handlers(out_avals, self.out_shardings)
         count = len(out_avals)
         self.out_treedef: Any = jax.tree.structure(
-            tuple(range(count)) if parsed.tuple_result else 0)
+            tuple(range(count)) if parsed.tuple_result else 0
+        )
 
     def miss(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Checks and runs a call the dispatcher has no entry for, and gives it the entry."""
         inputs, shardings = self._inputs(args, kwargs)
         self._check_donations(inputs)
         outputs = self.out_treedef.unflatten(
-            hlo_backend.execute(self.executable, inputs, self.handlers))
+            hlo_backend.execute(self.executable, inputs, self.handlers)
+        )
         fast_path = _core.FastPath(
-            executable=self.executable, out_treedef=self.out_treedef,
-            out_handlers=self.handlers, in_shardings=shardings, kept=[True] * len(shardings),
-            const_args=[], donated=self.donated)
+            executable=self.executable,
+            out_treedef=self.out_treedef,
+            out_handlers=self.handlers,
+            in_shardings=shardings,
+            kept=[True] * len(shardings),
+            const_args=[],
+            donated=self.donated,
+        )
         return _core.CacheMiss(outputs, fast_path, compiles=0, jax_reason=None)
 
     def run(self, *args: Any, **kwargs: Any) -> Any:
@@ -193,28 +212,38 @@ class _Program:
             if j == i:
                 continue
             if self.donated[j]:
-                what, example = ("Attempt to use a buffer that was previously donated in the "
-                                 "same call to Execute()", "f(donate(a), a)")
+                what, example = (
+                    "Attempt to use a buffer that was previously donated in the "
+                    "same call to Execute()",
+                    "f(donate(a), a)",
+                )
             elif self.donated[i]:
-                what, example = ("Attempt to donate a buffer which is also used by the same "
-                                 "call to Execute()", "f(a, donate(a))")
+                what, example = (
+                    "Attempt to donate a buffer which is also used by the same call to Execute()",
+                    "f(a, donate(a))",
+                )
             else:
                 continue
-            raise ValueError(f"INVALID_ARGUMENT: {what} (flattened argument {i}, replica 0, "
-                             f"partition 0, first use: {j}). Toy example for this bug: "
-                             f"`{example}`.")
+            raise ValueError(
+                f"INVALID_ARGUMENT: {what} (flattened argument {i}, replica 0, "
+                f"partition 0, first use: {j}). Toy example for this bug: "
+                f"`{example}`."
+            )
 
-    def _inputs(self, args: tuple[Any, ...],
-                kwargs: dict[str, Any]) -> tuple[list[Any], list[Any]]:
+    def _inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], list[Any]]:
         """The arguments on the executable's input shardings, and the sharding object that
         each parameter's inputs of this kind carry (an argument's own where equivalent)."""
         if kwargs:
-            raise TypeError(f"{self.name} takes positional arguments only, one per entry "
-                            f"parameter; got keyword arguments {sorted(kwargs)}")
+            raise TypeError(
+                f"{self.name} takes positional arguments only, one per entry "
+                f"parameter; got keyword arguments {sorted(kwargs)}"
+            )
         if len(args) != len(self.in_avals):
             expected = ", ".join(a.str_short() for a in self.in_avals)
-            raise TypeError(f"{self.name} takes {len(self.in_avals)} arguments ({expected}), "
-                            f"one per entry parameter; got {len(args)}")
+            raise TypeError(
+                f"{self.name} takes {len(self.in_avals)} arguments ({expected}), "
+                f"one per entry parameter; got {len(args)}"
+            )
         inputs, shardings = [], []
         for i, arg in enumerate(args):
             placed, sharding = self._input(i, arg)
@@ -231,8 +260,9 @@ class _Program:
         if not isinstance(arg, jax.Array):
             return _core.device_put_leaf(arg, sharding, False), sharding
         if arg.is_deleted():
-            raise RuntimeError(f"{self._where(i)}: the array has been deleted (donated to an "
-                               "earlier call?)")
+            raise RuntimeError(
+                f"{self._where(i)}: the array has been deleted (donated to an earlier call?)"
+            )
         own = arg.sharding
         if own is sharding or own.is_equivalent_to(sharding, len(shape)):
             return arg, own
@@ -246,8 +276,10 @@ class _Program:
 def _shape_and_dtype(arg: Any, where: str) -> tuple[tuple[int, ...], Any]:
     """What an argument holds, as the executable would take it; TypeError if it holds none."""
     if isinstance(arg, jax.core.Tracer):
-        raise TypeError(f"{where} got a tracer: a compile_hlo function runs concrete arrays, "
-                        "and cannot be called under jax.jit, grad or vmap")
+        raise TypeError(
+            f"{where} got a tracer: a compile_hlo function runs concrete arrays, "
+            "and cannot be called under jax.jit, grad or vmap"
+        )
     if isinstance(arg, jax.Array):
         return tuple(arg.shape), arg.dtype
     if isinstance(arg, np.ndarray | np.generic):
@@ -255,8 +287,7 @@ def _shape_and_dtype(arg: Any, where: str) -> tuple[tuple[int, ...], Any]:
     for kind in _PYTHON_SCALARS:
         if isinstance(arg, kind):
             return (), rust_handles.python_scalar_dtype(kind)
-    raise TypeError(f"{where} takes a jax.Array, numpy array or scalar, got "
-                    f"{type(arg).__name__}")
+    raise TypeError(f"{where} takes a jax.Array, numpy array or scalar, got {type(arg).__name__}")
 
 
 @functools.cache

@@ -18,8 +18,7 @@ from typing import Any
 __all__ = ["Installed", "install", "installed", "uninstall"]
 
 # Where JAX's functions are looked up, and fastpjit's function for each.
-_SITES = (("jax", "jit", "jit"), ("jax", "pmap", "pmap"),
-          ("jax.experimental.pjit", "pjit", "pjit"))
+_SITES = (("jax", "jit", "jit"), ("jax", "pmap", "pmap"), ("jax.experimental.pjit", "pjit", "pjit"))
 # A name that its module serves through its `__getattr__` (a deprecated one), not its dict.
 _MISSING: Any = object()
 
@@ -38,8 +37,12 @@ class Installed:
     def __enter__(self) -> Installed:
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 traceback: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
         if self.substituted:
             uninstall()
 

@@ -73,8 +73,11 @@ class Wrapped(Bindable, _core.JitFunction):
         module_name = getattr(self, "__module__", None)
         name = getattr(self, "__qualname__", None)
         module = sys.modules.get(module_name) if isinstance(module_name, str) else None
-        if (module is None or not isinstance(name, str)
-                or (module_name == "__main__" and self._main_by_value)):
+        if (
+            module is None
+            or not isinstance(name, str)
+            or (module_name == "__main__" and self._main_by_value)
+        ):
             return None
         found: Any = module
         for part in name.split("."):
@@ -140,8 +143,9 @@ class JitWrapped(Wrapped):
 
     def _rewrapped(self) -> JitWrapped:
         """A new function over the same jax.jit function and dispatch cache."""
-        return _function(type(self), self.__wrapped__, self._jax_function,
-                         self._dispatch_cache, self._make)
+        return _function(
+            type(self), self.__wrapped__, self._jax_function, self._dispatch_cache, self._make
+        )
 
     def __copy__(self) -> JitWrapped:
         # As JAX's copy, it shares JAX's caches: it finds the executables compiled already.
@@ -187,10 +191,16 @@ class Compiled(Bindable, _core.JitFunction):
 
     def _donated_arguments(self) -> tuple[set[int], set[str]]:
         args_info, kwargs_info = self._compiled.args_info
-        positions = {i for i, info in enumerate(args_info)
-                     if any(leaf.donated for leaf in jax.tree.leaves(info))}
-        names = {name for name, info in kwargs_info.items()
-                 if any(leaf.donated for leaf in jax.tree.leaves(info))}
+        positions = {
+            i
+            for i, info in enumerate(args_info)
+            if any(leaf.donated for leaf in jax.tree.leaves(info))
+        }
+        names = {
+            name
+            for name, info in kwargs_info.items()
+            if any(leaf.donated for leaf in jax.tree.leaves(info))
+        }
         return positions, names
 
     def _bound_placement(self) -> Any:
@@ -234,8 +244,13 @@ class _JaxFunction:
 
     __slots__ = ("_legacy", "_made", "_make", "_make_legacy", "signatures")
 
-    def __init__(self, make: Callable[[], Any], signatures: SignatureLog,
-                 make_legacy: Callable[[], Any] | None = None, made: Any = None):
+    def __init__(
+        self,
+        make: Callable[[], Any],
+        signatures: SignatureLog,
+        make_legacy: Callable[[], Any] | None = None,
+        made: Any = None,
+    ):
         self._make, self._make_legacy = make, make_legacy
         self._made, self._legacy = made, None
         # The signatures of the calls cached, shared by the functions of one dispatch cache.
@@ -284,13 +299,19 @@ class _JaxFunction:
 _KINDS: dict[type[JitWrapped], str] = {JitWrapped: "jit", _PjitWrapped: "pjit"}
 
 
-def _function(kind: type[JitWrapped], fun: Callable[..., Any], jax_function: _JaxFunction,
-              cache: Any, make: functools.partial[Any]) -> JitWrapped:
+def _function(
+    kind: type[JitWrapped],
+    fun: Callable[..., Any],
+    jax_function: _JaxFunction,
+    cache: Any,
+    make: functools.partial[Any],
+) -> JitWrapped:
     # Calls that jax.jit's C++ dispatch serves faster go to it (not pjit's, whose function
     # depends on the mesh context).
     if kind is JitWrapped:
-        wrapped = kind(jax_function, jax_function.miss, cache, jax_function.made(),
-                       jax_function.jitted)
+        wrapped = kind(
+            jax_function, jax_function.miss, cache, jax_function.made(), jax_function.jitted
+        )
     else:
         wrapped = kind(jax_function, jax_function.miss, cache)
     wrapped._jax_function = jax_function
@@ -302,9 +323,13 @@ def _function(kind: type[JitWrapped], fun: Callable[..., Any], jax_function: _Ja
     return wrapped
 
 
-def _wrap(kind: type[JitWrapped], fun: Callable[..., Any], options: dict[str, Any],
-          make: functools.partial[Any], make_legacy: Callable[[], Any] | None = None
-          ) -> JitWrapped:
+def _wrap(
+    kind: type[JitWrapped],
+    fun: Callable[..., Any],
+    options: dict[str, Any],
+    make: functools.partial[Any],
+    make_legacy: Callable[[], Any] | None = None,
+) -> JitWrapped:
     """A new function of `kind` over `fun` with jax.jit's `options`, sharing the dispatch cache
     of the earlier ones of the same function and options, as JAX's jit functions share theirs."""
     made = []
@@ -314,13 +339,19 @@ def _wrap(kind: type[JitWrapped], fun: Callable[..., Any], options: dict[str, An
         made.append(jitted)
         argnums, argnames = _jax.jit_static_args(jitted)
         return FunctionCaches(
-            _core.DispatchCache(_jax.function_name(fun), list(argnums), list(argnames),
-                                kind=_KINDS[kind]),
-            SignatureLog((argnums, argnames)))
+            _core.DispatchCache(
+                _jax.function_name(fun), list(argnums), list(argnames), kind=_KINDS[kind]
+            ),
+            SignatureLog((argnums, argnames)),
+        )
 
     caches = _shared_caches.get(fun, (_KINDS[kind], options), new_caches)
-    jax_function = _JaxFunction(functools.partial(_jax.jax_jit, fun, **options),
-                                caches.signatures, make_legacy, made[0] if made else None)
+    jax_function = _JaxFunction(
+        functools.partial(_jax.jax_jit, fun, **options),
+        caches.signatures,
+        make_legacy,
+        made[0] if made else None,
+    )
     return _function(kind, fun, jax_function, caches.dispatch, make)
 
 
@@ -347,10 +378,18 @@ def jit(
     `functools.partial`.
     """
     options = _options(
-        in_shardings, out_shardings, static_argnums=static_argnums,
-        static_argnames=static_argnames, donate_argnums=donate_argnums,
-        donate_argnames=donate_argnames, keep_unused=keep_unused, device=device,
-        backend=backend, inline=inline, compiler_options=compiler_options)
+        in_shardings,
+        out_shardings,
+        static_argnums=static_argnums,
+        static_argnames=static_argnames,
+        donate_argnums=donate_argnums,
+        donate_argnames=donate_argnames,
+        keep_unused=keep_unused,
+        device=device,
+        backend=backend,
+        inline=inline,
+        compiler_options=compiler_options,
+    )
     make = functools.partial(jit, **options)
     if fun is _NOT_SPECIFIED:
         return make
@@ -383,15 +422,29 @@ def pjit(
     other names for `in_shardings` / `out_shardings`.
     """
     in_shardings = _renamed("in_shardings", in_shardings, "in_axis_resources", in_axis_resources)
-    out_shardings = _renamed("out_shardings", out_shardings, "out_axis_resources",
-                             out_axis_resources)
+    out_shardings = _renamed(
+        "out_shardings", out_shardings, "out_axis_resources", out_axis_resources
+    )
     options = _options(
-        in_shardings, out_shardings, static_argnums=static_argnums,
-        static_argnames=static_argnames, donate_argnums=donate_argnums,
-        donate_argnames=donate_argnames, keep_unused=keep_unused, device=device,
-        backend=backend, inline=inline, compiler_options=compiler_options)
-    return _wrap(_PjitWrapped, fun, options, functools.partial(pjit, **options),
-                 functools.partial(_jax.legacy_pjit, fun, **options))
+        in_shardings,
+        out_shardings,
+        static_argnums=static_argnums,
+        static_argnames=static_argnames,
+        donate_argnums=donate_argnums,
+        donate_argnames=donate_argnames,
+        keep_unused=keep_unused,
+        device=device,
+        backend=backend,
+        inline=inline,
+        compiler_options=compiler_options,
+    )
+    return _wrap(
+        _PjitWrapped,
+        fun,
+        options,
+        functools.partial(pjit, **options),
+        functools.partial(_jax.legacy_pjit, fun, **options),
+    )
 
 
 def _options(in_shardings: Any, out_shardings: Any, **options: Any) -> dict[str, Any]:

@@ -162,8 +162,10 @@ class Launcher:
         if self._status is None:
             self._status = 0
         if self._status != 0:
-            self._say("how each process ended: " + "; ".join(
-                f"process {c.index} {_describe(c.returncode)}" for c in self.children))
+            self._say(
+                "how each process ended: "
+                + "; ".join(f"process {c.index} {_describe(c.returncode)}" for c in self.children)
+            )
         return self._status
 
     def request_stop(self, signum: int = signal.SIGINT) -> None:
@@ -183,20 +185,22 @@ class Launcher:
     def child_environment(self, index: int, address: str, report_fd: int) -> dict[str, str]:
         """The environment of process `index`: the caller's, plus where it stands."""
         env = dict(os.environ)
-        env.update({
-            _launched.PROCESS_ID: str(index),
-            _launched.NUM_PROCESSES: str(self.nproc),
-            _launched.COORDINATOR_ADDRESS: address,
-            _launched.LAUNCHER_PID: str(os.getpid()),
-            _launched.REPORT_FD: str(report_fd),
-            # jax.distributed.initialize() reads these two before any cluster environment: the
-            # first would otherwise win over ours if the caller had it set, and without the
-            # second the coordinator would listen on every interface ([::]).
-            "JAX_COORDINATOR_ADDRESS": address,
-            "JAX_COORDINATOR_BIND_ADDRESS": address,
-            # Lines reach the launcher as they are printed, not when a buffer fills.
-            "PYTHONUNBUFFERED": "1",
-        })
+        env.update(
+            {
+                _launched.PROCESS_ID: str(index),
+                _launched.NUM_PROCESSES: str(self.nproc),
+                _launched.COORDINATOR_ADDRESS: address,
+                _launched.LAUNCHER_PID: str(os.getpid()),
+                _launched.REPORT_FD: str(report_fd),
+                # jax.distributed.initialize() reads these two before any cluster environment: the
+                # first would otherwise win over ours if the caller had it set, and without the
+                # second the coordinator would listen on every interface ([::]).
+                "JAX_COORDINATOR_ADDRESS": address,
+                "JAX_COORDINATOR_BIND_ADDRESS": address,
+                # Lines reach the launcher as they are printed, not when a buffer fills.
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
         if self.local_devices is not None:
             k = self.local_devices
             env["JAX_NUM_CPU_DEVICES"] = str(k)
@@ -245,11 +249,17 @@ class Launcher:
             if self._stopping_since is None:
                 if self._requested is not None:
                     name = signal.Signals(self._requested).name
-                    self._stop(self._requested, 128 + self._requested,
-                               f"{name} received; stopping every process")
+                    self._stop(
+                        self._requested,
+                        128 + self._requested,
+                        f"{name} received; stopping every process",
+                    )
                 elif deadline is not None and now >= deadline:
-                    self._stop(signal.SIGTERM, TIMEOUT_STATUS,
-                               f"--timeout of {self.timeout:g} s reached; stopping every process")
+                    self._stop(
+                        signal.SIGTERM,
+                        TIMEOUT_STATUS,
+                        f"--timeout of {self.timeout:g} s reached; stopping every process",
+                    )
             elif not self._killed and (self._force or now - self._stopping_since >= STOP_GRACE_S):
                 self._signal_all(signal.SIGKILL)
                 self._killed = True
@@ -408,15 +418,25 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m fastpjit.launch",
         description="Runs SCRIPT as N processes of one multi-process JAX program on this "
         "machine. The script calls jax.distributed.initialize() with no arguments, after "
-        "`import fastpjit`.")
-    parser.add_argument("--nproc", type=_positive(int), required=True, metavar="N",
-                        help="the number of processes")
-    parser.add_argument("--local-devices", type=_positive(int), metavar="K",
-                        help="devices per process: K CPU devices; on GPUs, process i sees "
-                        "GPUs iK to iK+K-1 (by default: the CPU devices that the environment "
-                        "sets, and one GPU per process)")
-    parser.add_argument("--timeout", type=_positive(float), metavar="S",
-                        help="stop every process after S seconds (exit status 124)")
+        "`import fastpjit`.",
+    )
+    parser.add_argument(
+        "--nproc", type=_positive(int), required=True, metavar="N", help="the number of processes"
+    )
+    parser.add_argument(
+        "--local-devices",
+        type=_positive(int),
+        metavar="K",
+        help="devices per process: K CPU devices; on GPUs, process i sees "
+        "GPUs iK to iK+K-1 (by default: the CPU devices that the environment "
+        "sets, and one GPU per process)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=_positive(float),
+        metavar="S",
+        help="stop every process after S seconds (exit status 124)",
+    )
     parser.add_argument("script", help="the Python script that every process runs")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
     return parser
@@ -427,11 +447,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = parser.parse_args(argv)
     if not os.path.isfile(options.script):
         parser.error(f"no such script: {options.script}")
-    launcher = Launcher(options.script, options.args, nproc=options.nproc,
-                        local_devices=options.local_devices, timeout=options.timeout)
+    launcher = Launcher(
+        options.script,
+        options.args,
+        nproc=options.nproc,
+        local_devices=options.local_devices,
+        timeout=options.timeout,
+    )
     stops = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    previous = {s: signal.signal(s, lambda signum, _: launcher.request_stop(signum))
-                for s in stops}
+    previous = {s: signal.signal(s, lambda signum, _: launcher.request_stop(signum)) for s in stops}
     try:
         return launcher.run()
     finally:

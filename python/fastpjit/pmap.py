@@ -81,9 +81,15 @@ def pmap(
     static_broadcasted_argnums = _index_tuple(static_broadcasted_argnums)
     donate_argnums = _index_tuple(donate_argnums)
     options: dict[str, Any] = dict(
-        axis_name=axis_name, in_axes=in_axes, out_axes=out_axes,
-        static_broadcasted_argnums=static_broadcasted_argnums, devices=devices,
-        backend=backend, axis_size=axis_size, donate_argnums=donate_argnums)
+        axis_name=axis_name,
+        in_axes=in_axes,
+        out_axes=out_axes,
+        static_broadcasted_argnums=static_broadcasted_argnums,
+        devices=devices,
+        backend=backend,
+        axis_size=axis_size,
+        donate_argnums=donate_argnums,
+    )
     pmapped = _jax.jax_pmap(fun, **options)
 
     # Like jax.pmap, only non-negative positions name static arguments.
@@ -92,9 +98,11 @@ def pmap(
     def new_caches() -> FunctionCaches:
         return FunctionCaches(
             _core.DispatchCache(_jax.function_name(fun), statics, [], kind="pmap"),
-            SignatureLog((statics, ())))
+            SignatureLog((statics, ())),
+        )
 
     caches = _shared_caches.get(fun, options, new_caches)
+
     def guarded_miss(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         check_recompile(_jax.function_name(fun), caches.signatures, args, kwargs)
         return pmap_cache_miss(pmapped, args, kwargs)

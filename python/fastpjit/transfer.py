@@ -19,6 +19,7 @@ from fastpjit._jax import api as _jax
 
 __all__ = ["device_get", "device_put", "make_array_from_process_local_data"]
 
+
 def _fallback(reason: str, x: Any, device: Any, **kwargs: Any) -> Any:
     _core.count_fallback(reason)
     return jax.device_put(x, device, **kwargs)
@@ -56,8 +57,14 @@ def device_put(
     and the src/donate/may_alias options go through JAX and are counted as fallbacks.
     """
     if src is not None or donate is not False or may_alias is not None:
-        return _fallback("device_put: src, donate or may_alias given",
-                         x, device, src=src, donate=donate, may_alias=may_alias)
+        return _fallback(
+            "device_put: src, donate or may_alias given",
+            x,
+            device,
+            src=src,
+            donate=donate,
+            may_alias=may_alias,
+        )
     sharding = _target_sharding(device)
     if sharding is None:
         return _fallback(f"device_put: target of type {type(device).__name__}", x, device)
@@ -144,9 +151,15 @@ def make_array_from_process_local_data(
     arrays go through JAX and are counted as fallbacks.
     """
     if not isinstance(sharding, Sharding) or not (
-            global_shape is None or isinstance(global_shape, tuple)):
-        return _fallback_local("make_array_from_process_local_data: a PartitionSpec, or pytrees "
-                               "of shardings or global shapes", sharding, local_data, global_shape)
+        global_shape is None or isinstance(global_shape, tuple)
+    ):
+        return _fallback_local(
+            "make_array_from_process_local_data: a PartitionSpec, or pytrees "
+            "of shardings or global shapes",
+            sharding,
+            local_data,
+            global_shape,
+        )
     leaves, treedef = jax.tree_util.tree_flatten(local_data)
     if jax.process_count() == 1:
         # As in JAX: one process holds the whole array.
@@ -155,7 +168,8 @@ def make_array_from_process_local_data(
                 raise ValueError(
                     "When calling `make_array_from_process_local_data` on a single process, "
                     f"global_shape should be None or equal to local_data.shape. Got "
-                    f"global_shape={global_shape} and local_data.shape={leaf.shape}.")
+                    f"global_shape={global_shape} and local_data.shape={leaf.shape}."
+                )
         return device_put(local_data, sharding)
     if global_shape is not None and None in global_shape:
         raise ValueError(f"{global_shape=} has Nones. This is not supported.")
@@ -164,8 +178,14 @@ def make_array_from_process_local_data(
         if isinstance(leaf, np.ndarray | np.generic) and leaf.dtype != jax.dtypes.float0:
             out.append(_core.make_array_from_process_local_leaf(leaf, sharding, global_shape))
         else:
-            out.append(_fallback_local("make_array_from_process_local_data: a leaf that is not "
-                                       "a numpy array", sharding, leaf, global_shape))
+            out.append(
+                _fallback_local(
+                    "make_array_from_process_local_data: a leaf that is not a numpy array",
+                    sharding,
+                    leaf,
+                    global_shape,
+                )
+            )
     return jax.tree_util.tree_unflatten(treedef, out)
 
 

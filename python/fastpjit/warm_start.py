@@ -51,6 +51,7 @@ class Skipped(Exception):
 
 # -- Describing a call ----------------------------------------------------------------------
 
+
 def _static_value(value: Any) -> Any:
     """A static argument as JSON: None, bool, int, finite float and str as they are; tuples,
     lists and dtypes tagged. Anything else cannot be recorded."""
@@ -73,16 +74,21 @@ def _static_value(value: Any) -> Any:
     jnp_type: Any = getattr(jax.numpy, getattr(value, "__name__", ""), None)
     if jnp_type is value and hasattr(jnp_type, "dtype"):
         return {"dtype": np.dtype(jnp_type.dtype).name, "of": "jax.numpy"}
-    raise Unrecordable(f"a static argument of type {type(value).__qualname__}, which is not a "
-                       "JSON value or a dtype")
+    raise Unrecordable(
+        f"a static argument of type {type(value).__qualname__}, which is not a "
+        "JSON value or a dtype"
+    )
 
 
 def _mesh(mesh: Any) -> dict[str, Any]:
     if not isinstance(mesh, jax.sharding.Mesh):
         raise Unrecordable(f"a {type(mesh).__qualname__}, which the record cannot hold")
-    return {"mesh_shape": list(mesh.devices.shape), "axis_names": list(mesh.axis_names),
-            "axis_types": [t.name for t in mesh.axis_types],
-            "device_ids": [int(d.id) for d in mesh.devices.flat]}
+    return {
+        "mesh_shape": list(mesh.devices.shape),
+        "axis_names": list(mesh.axis_names),
+        "axis_types": [t.name for t in mesh.axis_types],
+        "device_ids": [int(d.id) for d in mesh.devices.flat],
+    }
 
 
 def _context_mesh() -> dict[str, Any] | None:
@@ -94,16 +100,25 @@ def _context_mesh() -> dict[str, Any] | None:
 def _sharding(sharding: Any) -> dict[str, Any]:
     if isinstance(sharding, jax.sharding.NamedSharding):
         spec = [list(p) if isinstance(p, tuple) else p for p in sharding.spec]
-        if any(not (p is None or isinstance(p, str) or (
-                isinstance(p, list) and all(isinstance(q, str) for q in p))) for p in spec):
+        if any(
+            not (
+                p is None
+                or isinstance(p, str)
+                or (isinstance(p, list) and all(isinstance(q, str) for q in p))
+            )
+            for p in spec
+        ):
             raise Unrecordable(f"a PartitionSpec entry the record cannot hold: {sharding.spec}")
-        return {"type": "named", **_mesh(sharding.mesh), "spec": spec,
-                "memory_kind": sharding.memory_kind}
+        return {
+            "type": "named",
+            **_mesh(sharding.mesh),
+            "spec": spec,
+            "memory_kind": sharding.memory_kind,
+        }
     if isinstance(sharding, jax.sharding.SingleDeviceSharding):
         (device,) = sharding.device_set
         device_id = getattr(device, "id")  # noqa: B009 - jaxlib's stub lacks Device.id
-        return {"type": "single", "device_id": int(device_id),
-                "memory_kind": sharding.memory_kind}
+        return {"type": "single", "device_id": int(device_id), "memory_kind": sharding.memory_kind}
     raise Unrecordable(f"a {type(sharding).__qualname__}, which the record cannot hold")
 
 
@@ -112,9 +127,14 @@ def _leaf(leaf: Any) -> dict[str, Any]:
         if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.extended):
             raise Unrecordable(f"an array of the extended dtype {leaf.dtype}")
         aval = leaf.aval
-        return {"kind": "array", "shape": list(leaf.shape), "dtype": np.dtype(leaf.dtype).name,
-                "weak_type": bool(aval.weak_type), "committed": bool(leaf.committed),
-                "sharding": _sharding(leaf.sharding)}
+        return {
+            "kind": "array",
+            "shape": list(leaf.shape),
+            "dtype": np.dtype(leaf.dtype).name,
+            "weak_type": bool(aval.weak_type),
+            "committed": bool(leaf.committed),
+            "sharding": _sharding(leaf.sharding),
+        }
     if isinstance(leaf, np.ndarray):
         return {"kind": "numpy", "shape": list(leaf.shape), "dtype": leaf.dtype.name}
     if isinstance(leaf, np.generic):
@@ -136,8 +156,12 @@ def _node(value: Any, depth: int = 0) -> Any:
     if type(value) is list:
         return {"list": [_node(v, depth + 1) for v in value]}
     if type(value) is dict:
-        return {"dict": [[_static_value(k), _node(v, depth + 1)]
-                         for k, v in sorted(value.items(), key=_sort_key)]}
+        return {
+            "dict": [
+                [_static_value(k), _node(v, depth + 1)]
+                for k, v in sorted(value.items(), key=_sort_key)
+            ]
+        }
     if _is_pytree_node(value):
         raise Unrecordable(f"a pytree node of type {type(value).__qualname__}")
     return {"leaf": _leaf(value)}
@@ -151,18 +175,27 @@ def _is_pytree_node(value: Any) -> bool:
     return jax.tree_util.treedef_is_leaf(jax.tree.structure(value)) is False
 
 
-def describe_call(args: tuple[Any, ...], kwargs: Mapping[str, Any],
-                  static_positions: set[int], static_names: set[str]) -> dict[str, Any]:
+def describe_call(
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    static_positions: set[int],
+    static_names: set[str],
+) -> dict[str, Any]:
     """The signature of `fn(*args, **kwargs)` as JSON data; raises `Unrecordable`."""
     n = len(args)
     statics = {p % n for p in static_positions if -n <= p < n}
     return {
-        "args": [{"static": _static_value(a)} if i in statics else _node(a)
-                 for i, a in enumerate(args)],
-        "kwargs": {k: ({"static": _static_value(v)} if k in static_names else _node(v))
-                   for k, v in sorted(kwargs.items())},
-        "config": {"jax_enable_x64": bool(jax.config.read("jax_enable_x64")),
-                   "mesh": _context_mesh()},
+        "args": [
+            {"static": _static_value(a)} if i in statics else _node(a) for i, a in enumerate(args)
+        ],
+        "kwargs": {
+            k: ({"static": _static_value(v)} if k in static_names else _node(v))
+            for k, v in sorted(kwargs.items())
+        },
+        "config": {
+            "jax_enable_x64": bool(jax.config.read("jax_enable_x64")),
+            "mesh": _context_mesh(),
+        },
     }
 
 
@@ -179,13 +212,16 @@ class SignatureLog:
         self.unrecordable: dict[str, int] = {}
         self._lock = threading.Lock()
 
-    def noting(self, miss: Callable[[tuple[Any, ...], dict[str, Any]], Any]
-               ) -> Callable[[tuple[Any, ...], dict[str, Any]], Any]:
+    def noting(
+        self, miss: Callable[[tuple[Any, ...], dict[str, Any]], Any]
+    ) -> Callable[[tuple[Any, ...], dict[str, Any]], Any]:
         """`miss`, noting the signature of each call that it serves."""
+
         def miss_and_note(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             outcome = miss(args, kwargs)
             self.note(args, kwargs)
             return outcome
+
         return miss_and_note
 
     def describe(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
@@ -225,10 +261,15 @@ class SignatureLog:
 
 # -- The record -----------------------------------------------------------------------------
 
+
 def _versions() -> dict[str, str]:
     from fastpjit import __version__
-    return {"fastpjit": __version__, "jax": jax.__version__,
-            "jaxlib": importlib.metadata.version("jaxlib")}
+
+    return {
+        "fastpjit": __version__,
+        "jax": jax.__version__,
+        "jaxlib": importlib.metadata.version("jaxlib"),
+    }
 
 
 def _log_of(fn: Any) -> SignatureLog:
@@ -236,8 +277,10 @@ def _log_of(fn: Any) -> SignatureLog:
     binds, whose calls it makes."""
     log = getattr(fn, "_signature_log", None)
     if not isinstance(log, SignatureLog):
-        raise TypeError(f"expected a fastpjit function (jit, pjit, pmap, AOT-compiled, "
-                        f"compile_hlo or bound), got {type(fn).__qualname__}: {fn!r}")
+        raise TypeError(
+            f"expected a fastpjit function (jit, pjit, pmap, AOT-compiled, "
+            f"compile_hlo or bound), got {type(fn).__qualname__}: {fn!r}"
+        )
     return log
 
 
@@ -245,16 +288,24 @@ def save_signatures(path: str | os.PathLike[str], functions: Mapping[str, Any]) 
     """Writes the signatures that each fastpjit function in `functions` (a mapping from a
     stable name to the function) has served to `path` as JSON, and returns the record."""
     if not isinstance(functions, Mapping):
-        raise TypeError(f"functions: expected a mapping from names to fastpjit functions, "
-                        f"got {type(functions).__qualname__}")
-    record: dict[str, Any] = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION,
-                              "versions": _versions(), "functions": {}}
+        raise TypeError(
+            f"functions: expected a mapping from names to fastpjit functions, "
+            f"got {type(functions).__qualname__}"
+        )
+    record: dict[str, Any] = {
+        "schema": SCHEMA,
+        "schema_version": SCHEMA_VERSION,
+        "versions": _versions(),
+        "functions": {},
+    }
     for name, fn in functions.items():
         if not isinstance(name, str):
             raise TypeError(f"functions: names must be str, got {name!r}")
         log = _log_of(fn)
-        record["functions"][name] = {"signatures": log.signatures(),
-                                     "unrecordable": dict(log.unrecordable)}
+        record["functions"][name] = {
+            "signatures": log.signatures(),
+            "unrecordable": dict(log.unrecordable),
+        }
     text = json.dumps(record, indent=1, allow_nan=False)
     tmp = f"{os.fspath(path)}.tmp{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as out:
@@ -273,17 +324,16 @@ class _Checker:
         shown = repr(got)
         if len(shown) > 80:
             shown = shown[:77] + "..."
-        raise ValueError(f"invalid signature record at {where}: expected {expected}, "
-                         f"got {shown}")
+        raise ValueError(f"invalid signature record at {where}: expected {expected}, got {shown}")
 
     def count(self, where: str) -> None:
         self.nodes += 1
         if self.nodes > MAX_NODES:
-            raise ValueError(f"invalid signature record at {where}: more than {MAX_NODES} "
-                             "nodes")
+            raise ValueError(f"invalid signature record at {where}: more than {MAX_NODES} nodes")
 
-    def obj(self, value: Any, where: str, keys: set[str],
-            optional: frozenset[str] = frozenset()) -> dict[str, Any]:
+    def obj(
+        self, value: Any, where: str, keys: set[str], optional: frozenset[str] = frozenset()
+    ) -> dict[str, Any]:
         if not isinstance(value, dict):
             self.fail(where, "an object", value)
         missing = keys - value.keys()
@@ -304,8 +354,11 @@ class _Checker:
         version = record["schema_version"]
         self.typed(version, int, "schema_version", "an integer")
         if version > SCHEMA_VERSION:
-            self.fail("schema_version", f"at most {SCHEMA_VERSION} (a newer fastpjit wrote "
-                      "this record)", version)
+            self.fail(
+                "schema_version",
+                f"at most {SCHEMA_VERSION} (a newer fastpjit wrote this record)",
+                version,
+            )
         if version < 1:
             self.fail("schema_version", "at least 1", version)
         versions = self.obj(record["versions"], "versions", {"fastpjit", "jax", "jaxlib"})
@@ -330,8 +383,11 @@ class _Checker:
         config = self.obj(signature["config"], f"{where}.config", {"jax_enable_x64", "mesh"})
         self.typed(config["jax_enable_x64"], bool, f"{where}.config.jax_enable_x64", "a bool")
         if config["mesh"] is not None:
-            self.obj(config["mesh"], f"{where}.config.mesh", {"mesh_shape", "axis_names",
-                                                             "axis_types", "device_ids"})
+            self.obj(
+                config["mesh"],
+                f"{where}.config.mesh",
+                {"mesh_shape", "axis_names", "axis_types", "device_ids"},
+            )
             self.mesh(config["mesh"], f"{where}.config.mesh")
 
     def argument(self, arg: Any, where: str) -> None:
@@ -405,8 +461,9 @@ class _Checker:
                 self.typed(leaf["committed"], bool, f"{where}.committed", "a bool")
                 self.sharding(leaf["sharding"], f"{where}.sharding")
         else:
-            self.fail(f"{where}.kind", "bool, int, float, complex, numpy_scalar, numpy or array",
-                      kind)
+            self.fail(
+                f"{where}.kind", "bool, int, float, complex, numpy_scalar, numpy or array", kind
+            )
 
     def shape(self, shape: Any, where: str) -> None:
         self.typed(shape, list, where, "a list of dims")
@@ -429,16 +486,30 @@ class _Checker:
             self.obj(sharding, where, {"type", "device_id", "memory_kind"})
             self.device_ids([sharding["device_id"]], f"{where}.device_id")
         elif kind == "named":
-            self.obj(sharding, where, {"type", "mesh_shape", "axis_names", "axis_types",
-                                       "device_ids", "spec", "memory_kind"})
+            self.obj(
+                sharding,
+                where,
+                {
+                    "type",
+                    "mesh_shape",
+                    "axis_names",
+                    "axis_types",
+                    "device_ids",
+                    "spec",
+                    "memory_kind",
+                },
+            )
             self.mesh(sharding, where)
-            for i, entry in enumerate(self.typed(sharding["spec"], list, f"{where}.spec",
-                                                 "a list")):
-                ok = entry is None or isinstance(entry, str) or (
-                    isinstance(entry, list) and all(isinstance(e, str) for e in entry))
+            for i, entry in enumerate(
+                self.typed(sharding["spec"], list, f"{where}.spec", "a list")
+            ):
+                ok = (
+                    entry is None
+                    or isinstance(entry, str)
+                    or (isinstance(entry, list) and all(isinstance(e, str) for e in entry))
+                )
                 if not ok:
-                    self.fail(f"{where}.spec[{i}]", "null, an axis name or a list of them",
-                              entry)
+                    self.fail(f"{where}.spec[{i}]", "null, an axis name or a list of them", entry)
         else:
             self.fail(f"{where}.type", "'single' or 'named'", kind)
         memory_kind = sharding["memory_kind"]
@@ -450,8 +521,11 @@ class _Checker:
         names = self.typed(sharding["axis_names"], list, f"{where}.axis_names", "a list")
         types = self.typed(sharding["axis_types"], list, f"{where}.axis_types", "a list")
         if len(names) != len(sharding["mesh_shape"]) or len(types) != len(names):
-            self.fail(where, "an axis name and type for each mesh dim",
-                      [names, types, sharding["mesh_shape"]])
+            self.fail(
+                where,
+                "an axis name and type for each mesh dim",
+                [names, types, sharding["mesh_shape"]],
+            )
         for i, name in enumerate(names):
             self.typed(name, str, f"{where}.axis_names[{i}]", "a string")
         for i, kind in enumerate(types):
@@ -459,8 +533,11 @@ class _Checker:
                 self.fail(f"{where}.axis_types[{i}]", "an AxisType name", kind)
         self.device_ids(sharding["device_ids"], f"{where}.device_ids")
         if len(sharding["device_ids"]) != math.prod(sharding["mesh_shape"]):
-            self.fail(f"{where}.device_ids", "a device id for each mesh position",
-                      len(sharding["device_ids"]))
+            self.fail(
+                f"{where}.device_ids",
+                "a device id for each mesh position",
+                len(sharding["device_ids"]),
+            )
 
 
 def _dtype(name: str, where: str) -> np.dtype:
@@ -469,8 +546,9 @@ def _dtype(name: str, where: str) -> np.dtype:
     except TypeError:
         dtype = None
     if dtype is None or dtype.name != name or dtype.kind not in "biufcV":
-        raise ValueError(f"invalid signature record at {where}: expected a dtype name, got "
-                         f"{name!r}")
+        raise ValueError(
+            f"invalid signature record at {where}: expected a dtype name, got {name!r}"
+        )
     return dtype
 
 
@@ -479,13 +557,15 @@ def load_record(path: str | os.PathLike[str]) -> dict[str, Any]:
     with open(path, "rb") as source:
         data = source.read(MAX_RECORD_BYTES + 1)
     if len(data) > MAX_RECORD_BYTES:
-        raise ValueError(f"invalid signature record {os.fspath(path)!r}: larger than "
-                         f"{MAX_RECORD_BYTES} bytes")
+        raise ValueError(
+            f"invalid signature record {os.fspath(path)!r}: larger than {MAX_RECORD_BYTES} bytes"
+        )
     try:
         record = json.loads(data.decode("utf-8"), parse_constant=_no_constant)
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
-        raise ValueError(f"invalid signature record {os.fspath(path)!r}: not JSON "
-                         f"({error})") from None
+        raise ValueError(
+            f"invalid signature record {os.fspath(path)!r}: not JSON ({error})"
+        ) from None
     _Checker().record(record)
     return record
 
@@ -496,6 +576,7 @@ def _no_constant(name: str) -> Any:
 
 # -- Replaying a record ---------------------------------------------------------------------
 
+
 class _Rebuilder:
     """Rebuilds a recorded call's arguments, zero-filled, on this process's devices."""
 
@@ -505,8 +586,9 @@ class _Rebuilder:
     def device(self, device_id: int) -> Any:
         device = self.devices.get(device_id)
         if device is None:
-            raise Skipped(f"device id {device_id} is not one of this process's "
-                          f"{len(self.devices)} devices")
+            raise Skipped(
+                f"device id {device_id} is not one of this process's {len(self.devices)} devices"
+            )
         return device
 
     def static(self, value: Any) -> Any:
@@ -527,19 +609,23 @@ class _Rebuilder:
         devices = np.array([self.device(i) for i in mesh["device_ids"]], dtype=object)
         axis_types = tuple(jax.sharding.AxisType[t] for t in mesh["axis_types"])
         try:
-            return jax.sharding.Mesh(devices.reshape(mesh["mesh_shape"]),
-                                     tuple(mesh["axis_names"]), axis_types=axis_types)
+            return jax.sharding.Mesh(
+                devices.reshape(mesh["mesh_shape"]),
+                tuple(mesh["axis_names"]),
+                axis_types=axis_types,
+            )
         except Exception as error:
-            raise Skipped(f"the mesh no longer fits: {type(error).__name__}: {error}"
-                          ) from None
+            raise Skipped(f"the mesh no longer fits: {type(error).__name__}: {error}") from None
 
     def sharding(self, sharding: dict[str, Any]) -> Any:
         if sharding["type"] == "single":
-            return jax.sharding.SingleDeviceSharding(self.device(sharding["device_id"]),
-                                                     memory_kind=sharding["memory_kind"])
+            return jax.sharding.SingleDeviceSharding(
+                self.device(sharding["device_id"]), memory_kind=sharding["memory_kind"]
+            )
         mesh = self.mesh(sharding)
-        spec = jax.sharding.PartitionSpec(*(tuple(p) if isinstance(p, list) else p
-                                            for p in sharding["spec"]))
+        spec = jax.sharding.PartitionSpec(
+            *(tuple(p) if isinstance(p, list) else p for p in sharding["spec"])
+        )
         return jax.sharding.NamedSharding(mesh, spec, memory_kind=sharding["memory_kind"])
 
     def leaf(self, leaf: dict[str, Any]) -> Any:
@@ -561,8 +647,7 @@ class _Rebuilder:
         except Skipped:
             raise
         except Exception as error:  # a mesh or spec that no longer fits this process
-            raise Skipped(f"the sharding no longer fits: {type(error).__name__}: {error}"
-                          ) from None
+            raise Skipped(f"the sharding no longer fits: {type(error).__name__}: {error}") from None
 
     def node(self, node: dict[str, Any]) -> Any:
         ((tag, value),) = node.items()
@@ -622,8 +707,10 @@ class WarmUpReport:
         return out
 
     def __str__(self) -> str:
-        lines = [f"warm_up: {len(self.entries)} signatures in {self.seconds:.2f} s: " + ", ".join(
-            f"{n} {outcome}" for outcome, n in sorted(self.counts().items()))]
+        lines = [
+            f"warm_up: {len(self.entries)} signatures in {self.seconds:.2f} s: "
+            + ", ".join(f"{n} {outcome}" for outcome, n in sorted(self.counts().items()))
+        ]
         for entry in self.entries:
             line = f"  {entry.function}[{entry.index}]: {entry.outcome}, {entry.seconds:.3f} s"
             if entry.reason:
@@ -632,16 +719,19 @@ class WarmUpReport:
         return "\n".join(lines)
 
 
-def warm_up(path: str | os.PathLike[str], functions: Mapping[str, Any], *,
-            threads: int | None = None) -> WarmUpReport:
+def warm_up(
+    path: str | os.PathLike[str], functions: Mapping[str, Any], *, threads: int | None = None
+) -> WarmUpReport:
     """Compiles every signature recorded in `path` for the functions passed (a mapping from
     the names they were saved under to fastpjit functions) and caches it, so that the first
     real call of each is a cache hit. Each signature is replayed by one call on zero-filled
     arguments; those that this process cannot rebuild are skipped with their reason. Only the
     functions passed are called. Returns a `WarmUpReport`."""
     if not isinstance(functions, Mapping):
-        raise TypeError(f"functions: expected a mapping from names to fastpjit functions, "
-                        f"got {type(functions).__qualname__}")
+        raise TypeError(
+            f"functions: expected a mapping from names to fastpjit functions, "
+            f"got {type(functions).__qualname__}"
+        )
     for fn in functions.values():
         _log_of(fn)
     if threads is not None and (not isinstance(threads, int) or threads < 1):
@@ -649,9 +739,11 @@ def warm_up(path: str | os.PathLike[str], functions: Mapping[str, Any], *,
     record = load_record(path)
     start = time.perf_counter()
     mismatch = _version_mismatch(record["versions"])
-    tasks = [(name, i, signature) for name, fn in functions.items()
-             for i, signature in enumerate(record["functions"].get(name, {}).get("signatures",
-                                                                                   []))]
+    tasks = [
+        (name, i, signature)
+        for name, fn in functions.items()
+        for i, signature in enumerate(record["functions"].get(name, {}).get("signatures", []))
+    ]
     rebuilder = _Rebuilder()
 
     def replay(task: tuple[str, int, dict[str, Any]]) -> WarmUpEntry:
@@ -689,11 +781,11 @@ def warm_up(path: str | os.PathLike[str], functions: Mapping[str, Any], *,
 def _unbound(fn: Any) -> Any:
     """The function whose calls were recorded: a bound function's is the one it binds."""
     from fastpjit.bind import Bound
+
     return fn._function if isinstance(fn, Bound) else fn
 
 
-def _run(replay: Callable[[Any], WarmUpEntry], tasks: list[Any], workers: int
-         ) -> list[WarmUpEntry]:
+def _run(replay: Callable[[Any], WarmUpEntry], tasks: list[Any], workers: int) -> list[WarmUpEntry]:
     progress = _progress(len(tasks))
     try:
         if workers == 1:
@@ -718,14 +810,16 @@ def _progress(total: int) -> Callable[..., None]:
         from tqdm import tqdm  # type: ignore[import-untyped]
     except ImportError:
         return lambda n, close=False: None
-    bar = tqdm(total=total, desc="fastpjit warm_up", unit="signature", leave=False,
-               disable=total == 0)
+    bar = tqdm(
+        total=total, desc="fastpjit warm_up", unit="signature", leave=False, disable=total == 0
+    )
 
     def update(n: int, close: bool = False) -> None:
         if close:
             bar.close()
         else:
             bar.update(n)
+
     return update
 
 
@@ -733,6 +827,5 @@ def _version_mismatch(recorded: dict[str, str]) -> str | None:
     current = _versions()
     for name in ("fastpjit", "jax", "jaxlib"):
         if recorded[name] != current[name]:
-            return (f"recorded with {name} {recorded[name]}, and this process runs "
-                    f"{current[name]}")
+            return f"recorded with {name} {recorded[name]}, and this process runs {current[name]}"
     return None

@@ -27,8 +27,9 @@ class LaunchedCluster(_clusters.ClusterEnv):
         return _launched.launched()
 
     @classmethod
-    def get_coordinator_address(cls, timeout_secs: int | None,
-                                override_coordinator_port: str | None) -> str:
+    def get_coordinator_address(
+        cls, timeout_secs: int | None, override_coordinator_port: str | None
+    ) -> str:
         return os.environ[_launched.COORDINATOR_ADDRESS]
 
     @classmethod

@@ -101,8 +101,9 @@ def _check_hlo_proto(data: bytes) -> bytes:
     try:
         xc.hlo.HloModule.from_serialized_hlo_module_proto(data)
     except Exception as err:
-        raise ValueError("bytes that are neither MLIR bytecode nor a serialized HloModuleProto: "
-                         f"{err}") from None
+        raise ValueError(
+            f"bytes that are neither MLIR bytecode nor a serialized HloModuleProto: {err}"
+        ) from None
     return data
 
 
@@ -114,7 +115,8 @@ def _from_hlo_proto(proto: bytes) -> tuple[Any, bool]:
         if not parameter.is_array():
             raise NotImplementedError(
                 f"the module's parameter {i} has shape {parameter}; compile_hlo takes and "
-                "returns arrays only (no tuples or tokens)")
+                "returns arrays only (no tuples or tokens)"
+            )
     return ir.Module.parse(_jaxlib.mlir.hlo_to_stablehlo(proto)), shape.result_shape().is_tuple()
 
 
@@ -125,8 +127,11 @@ def _parse_mlir(module: str | bytes) -> Any:
             return _jaxlib.mlir.deserialize_portable_artifact(module, context=ir.Context.current)
         return ir.Module.parse(module)
     except Exception as err:  # MLIRError with the diagnostics, or jaxlib's for bytecode
-        what = "MLIR module" if isinstance(module, bytes) else (
-            "MLIR module (text that does not start with `HloModule` is read as MLIR)")
+        what = (
+            "MLIR module"
+            if isinstance(module, bytes)
+            else ("MLIR module (text that does not start with `HloModule` is read as MLIR)")
+        )
         raise ValueError(f"malformed {what}: {err}") from None
 
 
@@ -136,7 +141,8 @@ def _program(module: Any, header: str | None, tuple_result: bool | None) -> HloP
     if replicas is not None and replicas > 1:
         raise NotImplementedError(
             f"the module runs {replicas} replicas; compile_hlo runs one replica with one "
-            "partition per device (write the replicas as a partitioned dimension)")
+            "partition per device (write the replicas as a partitioned dimension)"
+        )
     for name in _ENTRY_LAYOUT_ATTRS:
         if name in attributes:
             del attributes[name]
@@ -147,24 +153,37 @@ def _program(module: Any, header: str | None, tuple_result: bool | None) -> HloP
     shardy = _has_sdy_meshes(module)
     if shardy:
         _keep_shardy_on(main)
-    partitions = (_int_attr(attributes, "mhlo.num_partitions")
-                  or _header_int(header, "num_partitions") or _named_partitions(module))
+    partitions = (
+        _int_attr(attributes, "mhlo.num_partitions")
+        or _header_int(header, "num_partitions")
+        or _named_partitions(module)
+    )
     if "sym_name" not in attributes:  # JAX's compile names its logs and cache entries by it
         attributes["sym_name"] = ir.StringAttr.get("main")
     return HloProgram(
-        module=module, name=attributes["sym_name"].value,
-        in_avals=in_avals, out_avals=out_avals,
+        module=module,
+        name=attributes["sym_name"].value,
+        in_avals=in_avals,
+        out_avals=out_avals,
         tuple_result=len(out_avals) != 1 if tuple_result is None else tuple_result,
-        num_partitions=partitions, shardy=shardy, result_sharded=_result_sharded(main))
+        num_partitions=partitions,
+        shardy=shardy,
+        result_sharded=_result_sharded(main),
+    )
 
 
 def _entry_function(module: Any) -> Any:
     for op in module.body.operations:
-        if (op.operation.name == "func.func" and "sym_name" in op.attributes
-                and op.attributes["sym_name"].value == "main"):
+        if (
+            op.operation.name == "func.func"
+            and "sym_name" in op.attributes
+            and op.attributes["sym_name"].value == "main"
+        ):
             return op.operation
-    raise ValueError("the module has no entry function: HLO needs an ENTRY computation, "
-                     "StableHLO a func.func @main")
+    raise ValueError(
+        "the module has no entry function: HLO needs an ENTRY computation, "
+        "StableHLO a func.func @main"
+    )
 
 
 def _int_attr(attributes: Any, name: str) -> int | None:
@@ -182,12 +201,14 @@ _IR_TYPE_DTYPES: dict[str, np.dtype] = {}
 
 def _aval(type_: Any, what: str) -> Any:
     if not _IR_TYPE_DTYPES:
-        _IR_TYPE_DTYPES.update({str(make()): np.dtype(d)
-                                for d, make in _mlir._dtype_to_ir_type.items()})
+        _IR_TYPE_DTYPES.update(
+            {str(make()): np.dtype(d) for d, make in _mlir._dtype_to_ir_type.items()}
+        )
     if not isinstance(type_, ir.RankedTensorType):
         raise NotImplementedError(
             f"the module's {what} has type {type_}; compile_hlo takes and returns arrays only "
-            "(no tuples or tokens)")
+            "(no tuples or tokens)"
+        )
     if not type_.has_static_shape:
         raise NotImplementedError(f"the module's {what} has a dynamic shape: {type_}")
     dtype = _IR_TYPE_DTYPES.get(str(type_.element_type))
@@ -200,8 +221,10 @@ def _has_sdy_meshes(module: Any) -> bool:
     if any(op.operation.name == "sdy.mesh" for op in module.body.operations):
         return True
     attributes = module.operation.attributes
-    return ("mhlo.frontend_attributes" in attributes
-            and _SDY_MESHES_ATTR in attributes["mhlo.frontend_attributes"])
+    return (
+        "mhlo.frontend_attributes" in attributes
+        and _SDY_MESHES_ATTR in attributes["mhlo.frontend_attributes"]
+    )
 
 
 def _keep_shardy_on(main: Any) -> None:
@@ -210,9 +233,12 @@ def _keep_shardy_on(main: Any) -> None:
     turns Shardy off, which cannot partition the `xla.sdy` custom calls. Shardy reads the
     frontend attributes, so the mirrors go."""
     if "res_attrs" in main.attributes:
-        main.attributes["res_attrs"] = ir.ArrayAttr.get([
-            ir.DictAttr.get({a.name: a.attr for a in d if a.name != "mhlo.sharding"})
-            for d in main.attributes["res_attrs"]])
+        main.attributes["res_attrs"] = ir.ArrayAttr.get(
+            [
+                ir.DictAttr.get({a.name: a.attr for a in d if a.name != "mhlo.sharding"})
+                for d in main.attributes["res_attrs"]
+            ]
+        )
 
 
 def _result_sharded(main: Any) -> list[bool]:
@@ -221,14 +247,17 @@ def _result_sharded(main: Any) -> list[bool]:
     count = len(main.attributes["function_type"].value.results)
     if "res_attrs" not in main.attributes:
         return [False] * count
-    return [any(a.name in ("mhlo.sharding", "sdy.sharding") for a in d)
-            for d in main.attributes["res_attrs"]]
+    return [
+        any(a.name in ("mhlo.sharding", "sdy.sharding") for a in d)
+        for d in main.attributes["res_attrs"]
+    ]
 
 
 # The attributes where a module names devices: HLO shardings, alone or on function arguments
 # and results, Shardy meshes, and meshes that JAX's HLO printer keeps as frontend attributes.
 _DEVICE_NAMING_ATTRS = frozenset(
-    ("mhlo.sharding", "arg_attrs", "res_attrs", "mesh", "mhlo.frontend_attributes"))
+    ("mhlo.sharding", "arg_attrs", "res_attrs", "mesh", "mhlo.frontend_attributes")
+)
 
 
 def _named_partitions(module: Any) -> int | None:
@@ -238,13 +267,13 @@ def _named_partitions(module: Any) -> int | None:
     def visit(op: Any) -> Any:
         # An exception raised in here would reach the caller as a RuntimeError.
         attributes = op.attributes
-        found.extend((name, attributes[name]) for name in attributes
-                     if name in _DEVICE_NAMING_ATTRS)
+        found.extend(
+            (name, attributes[name]) for name in attributes if name in _DEVICE_NAMING_ATTRS
+        )
         return ir.WalkResult.ADVANCE
 
     module.operation.walk(visit)
-    return max((n for name, attr in found for n in _attr_partitions(name, attr)),
-               default=0) or None
+    return max((n for name, attr in found for n in _attr_partitions(name, attr)), default=0) or None
 
 
 def _attr_partitions(name: str, attr: Any) -> list[int]:
@@ -255,14 +284,17 @@ def _attr_partitions(name: str, attr: Any) -> list[int]:
             raise ValueError(f"malformed HLO sharding {attr.value!r}: {err}") from None
         return [_sharding_partitions(sharding)]
     if name in ("arg_attrs", "res_attrs") and isinstance(attr, ir.ArrayAttr):
-        return [n for d in attr for a in d  # type: ignore[attr-defined]
-                for n in _attr_partitions(a.name, a.attr)]
+        return [
+            n
+            for d in attr
+            for a in d  # type: ignore[attr-defined]
+            for n in _attr_partitions(a.name, a.attr)
+        ]
     if name == "mesh" and _sdy.MeshAttr.isinstance(attr):
         return [_mesh_partitions(_sdy.MeshAttr(attr))]
     if name == "mhlo.frontend_attributes" and _SDY_MESHES_ATTR in attr:
         meshes = ir.Attribute.parse(attr[_SDY_MESHES_ATTR].value)
-        return [_mesh_partitions(_sdy.MeshAttr(m.attr))
-                for m in meshes]  # type: ignore[attr-defined]
+        return [_mesh_partitions(_sdy.MeshAttr(m.attr)) for m in meshes]  # type: ignore[attr-defined]
     return []
 
 
@@ -280,8 +312,9 @@ def _mesh_partitions(mesh: Any) -> int:
     return max([size, *(d + 1 for d in mesh.device_ids)])
 
 
-def compile_hlo_program(program: HloProgram, devices: Sequence[Any],
-                        donated: Sequence[bool]) -> Any:
+def compile_hlo_program(
+    program: HloProgram, devices: Sequence[Any], donated: Sequence[bool]
+) -> Any:
     """Compiles `program` with one replica and a partition per device of `devices` (device id
     i in its shardings is devices[i]): the parameters keep the shardings written in the module
     and XLA propagates none into them; it chooses those of the results left open."""
@@ -293,22 +326,28 @@ def compile_hlo_program(program: HloProgram, devices: Sequence[Any],
     device_array = devices_as_array(devices)
     backend = devices[0].client
     options = _compiler.get_compile_options(
-        num_replicas=1, num_partitions=count,
-        device_assignment=device_array.reshape((1, count)), backend=backend)
+        num_replicas=1,
+        num_partitions=count,
+        device_assignment=device_array.reshape((1, count)),
+        backend=backend,
+    )
     build = options.executable_build_options
     build.use_shardy_partitioner = program.shardy
     build.allow_spmd_sharding_propagation_to_parameters = [False] * len(program.in_avals)
     build.allow_spmd_sharding_propagation_to_output = [
-        not sharded for sharded in program.result_sharded]
+        not sharded for sharded in program.result_sharded
+    ]
     compiles_before = thread_compiles()
     with _dispatch.log_elapsed_time(
-            "Finished XLA compilation of {fun_name} in {elapsed_time:.9f} sec",
-            fun_name=program.name, event=_dispatch.BACKEND_COMPILE_EVENT):
+        "Finished XLA compilation of {fun_name} in {elapsed_time:.9f} sec",
+        fun_name=program.name,
+        event=_dispatch.BACKEND_COMPILE_EVENT,
+    ):
         try:
             # JAX's persistent compilation cache first, and its IR dumps, as for a jit.
             executable = _compiler.compile_or_get_cached(
-                backend, program.module, device_array, options, [],
-                xc.DeviceList(tuple(devices)))
+                backend, program.module, device_array, options, [], xc.DeviceList(tuple(devices))
+            )
         except _jaxlib.JaxRuntimeError as err:
             if "INVALID_ARGUMENT" in str(err):
                 raise ValueError(f"XLA rejects the module: {err}") from None
@@ -320,27 +359,42 @@ def compile_hlo_program(program: HloProgram, devices: Sequence[Any],
 
 def _mark_donated(main: Any, donated: Sequence[bool]) -> None:
     """Marks parameters as buffer donors: XLA may reuse their buffers for the results."""
-    old = (list(ir.ArrayAttr(main.attributes["arg_attrs"])) if "arg_attrs" in main.attributes
-           else [ir.DictAttr.get({})] * len(donated))
-    main.attributes["arg_attrs"] = ir.ArrayAttr.get([
-        ir.DictAttr.get({**{a.name: a.attr
-                            for a in ir.DictAttr(d)},  # type: ignore[attr-defined]
-                         "jax.buffer_donor": ir.BoolAttr.get(True)}) if give
-        else d for d, give in zip(old, donated, strict=True)])
+    old = (
+        list(ir.ArrayAttr(main.attributes["arg_attrs"]))
+        if "arg_attrs" in main.attributes
+        else [ir.DictAttr.get({})] * len(donated)
+    )
+    main.attributes["arg_attrs"] = ir.ArrayAttr.get(
+        [
+            ir.DictAttr.get(
+                {
+                    **{a.name: a.attr for a in ir.DictAttr(d)},  # type: ignore[attr-defined]
+                    "jax.buffer_donor": ir.BoolAttr.get(True),
+                }
+            )
+            if give
+            else d
+            for d, give in zip(old, donated, strict=True)
+        ]
+    )
 
 
-def hlo_shardings(executable: Any, devices: Sequence[Any], num_in: int,
-                  num_out: int) -> tuple[list[Any], list[Any]]:
+def hlo_shardings(
+    executable: Any, devices: Sequence[Any], num_in: int, num_out: int
+) -> tuple[list[Any], list[Any]]:
     """The shardings that the compiled executable takes and gives over `devices`, read by
     fastpjit's HLO sharding parser (replicated where XLA reports none), as NamedShardings
     where they can be."""
     devices = tuple(devices)
     ins = xla_shardings(executable.get_parameter_shardings(), [None] * num_in, devices)
-    outs = xla_shardings(executable.get_output_shardings(),
-                          output_memory_kinds(executable, num_out), devices)
+    outs = xla_shardings(
+        executable.get_output_shardings(), output_memory_kinds(executable, num_out), devices
+    )
     replicated = GSPMDSharding.get_replicated(devices)
-    return ([_as_named(s, devices) for s in ins or [replicated] * num_in],
-            [_as_named(s, devices) for s in outs or [replicated] * num_out])
+    return (
+        [_as_named(s, devices) for s in ins or [replicated] * num_in],
+        [_as_named(s, devices) for s in outs or [replicated] * num_out],
+    )
 
 
 def _as_named(sharding: GSPMDSharding, devices: tuple[Any, ...]) -> Any:
@@ -355,7 +409,8 @@ def _as_named(sharding: GSPMDSharding, devices: tuple[Any, ...]) -> Any:
     else:
         groups = hlo.subgroup_types()
         replicated_groups = hlo.replicate_on_last_tile_dim() or (
-            groups == [xc.OpSharding.Type.REPLICATED])
+            groups == [xc.OpSharding.Type.REPLICATED]
+        )
         if not hlo.is_tiled() or (groups and not replicated_groups):
             return sharding
         dims = hlo.tile_assignment_dimensions()
@@ -364,22 +419,30 @@ def _as_named(sharding: GSPMDSharding, devices: tuple[Any, ...]) -> Any:
         if math.prod(dims) != count:
             return sharding
     names = [f"d{i}" for i in range(partitioned)] + ["replicas"] * (len(dims) - partitioned)
-    mesh = _mesh.Mesh(np.array(devices, dtype=object).reshape(dims), tuple(names),
-                      axis_types=(_mesh.AxisType.Auto,) * len(dims))
-    spec = jax.sharding.PartitionSpec(*(n if d > 1 else None
-                                        for n, d in zip(names[:partitioned], dims, strict=False)))
+    mesh = _mesh.Mesh(
+        np.array(devices, dtype=object).reshape(dims),
+        tuple(names),
+        axis_types=(_mesh.AxisType.Auto,) * len(dims),
+    )
+    spec = jax.sharding.PartitionSpec(
+        *(n if d > 1 else None for n, d in zip(names[:partitioned], dims, strict=False))
+    )
     return _named_sharding.NamedSharding(
-        mesh, spec, memory_kind=sharding.memory_kind,
-        _logical_device_ids=None if ids is None or ids == tuple(range(count)) else ids)
+        mesh,
+        spec,
+        memory_kind=sharding.memory_kind,
+        _logical_device_ids=None if ids is None or ids == tuple(range(count)) else ids,
+    )
 
 
-def result_handlers(avals: Sequence[Any], shardings: Sequence[Any]) -> tuple[list[Any],
-                                                                              list[Any]]:
+def result_handlers(avals: Sequence[Any], shardings: Sequence[Any]) -> tuple[list[Any], list[Any]]:
     """The avals of the arrays on `shardings` (as device_put gives them), and jaxlib's
     handlers that wrap an executable's output buffers as such committed jax.Arrays."""
     avals = [_dispatch.update_dp_aval(a, s) for a, s in zip(avals, shardings, strict=True)]
-    return avals, [xc.array_result_handler(a, s, committed=True, _skip_checks=True)
-                   for a, s in zip(avals, shardings, strict=True)]
+    return avals, [
+        xc.array_result_handler(a, s, committed=True, _skip_checks=True)
+        for a, s in zip(avals, shardings, strict=True)
+    ]
 
 
 def execute(executable: Any, inputs: Sequence[Any], handlers: Sequence[Any]) -> list[Any]:

@@ -36,12 +36,14 @@ def jit_cache_miss(jitted: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -
     """
     if _config.disable_jit.value:
         # Under jax.disable_jit(), jax.jit calls the function itself; there is nothing to cache.
-        return _native.CacheMiss(jitted(*args, **kwargs), None, compiles=0,
-                                 jax_reason="jax.disable_jit is on")
+        return _native.CacheMiss(
+            jitted(*args, **kwargs), None, compiles=0, jax_reason="jax.disable_jit is on"
+        )
     compiles_before = thread_compiles()
     outs, fast, reason = _jit_miss(jitted, args, kwargs)
-    return _native.CacheMiss(outs, fast, compiles=thread_compiles() - compiles_before,
-                             jax_reason=reason)
+    return _native.CacheMiss(
+        outs, fast, compiles=thread_compiles() - compiles_before, jax_reason=reason
+    )
 
 
 def _jit_miss(
@@ -52,29 +54,39 @@ def _jit_miss(
     compiled, reason = _compile_by_fastpjit(p, args_flat)
     if compiled is None:
         outs, out_flat, out_tree, args_flat, jaxpr, executable, profiler, const_args = (
-            _pjit._run_python_pjit(p, args_flat, fun, args, kwargs))
+            _pjit._run_python_pjit(p, args_flat, fun, args, kwargs)
+        )
     else:
         executable, const_args = compiled
         jaxpr, out_tree, profiler = p.params["jaxpr"], p.out_tree, None
         out_flat = _run_checked(executable, const_args, args_flat, fun, args, kwargs)
         outs = _tree_util.tree_unflatten(out_tree, out_flat)
-    fast = _pjit._get_fastpath_data(executable, out_tree, args_flat, out_flat, jaxpr.effects,
-                                    jaxpr.consts, profiler, const_args)
+    fast = _pjit._get_fastpath_data(
+        executable, out_tree, args_flat, out_flat, jaxpr.effects, jaxpr.consts, profiler, const_args
+    )
     return outs, *_fast_path_and_reason(fast, p.params["donated_invars"], reason)
 
 
-def _run_checked(executable: Any, const_args: Sequence[Any], args_flat: Sequence[Any],
-                 fun: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def _run_checked(
+    executable: Any,
+    const_args: Sequence[Any],
+    args_flat: Sequence[Any],
+    fun: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
     """Runs a freshly compiled executable as JAX's own miss does: with jax_debug_nans or
     jax_debug_infs on, an invalid output reruns the function without jit to find where it
     arises, and raises JAX's FloatingPointError."""
     try:
-        return executable.unsafe_call(*const_args, *_placed_host_args(executable, const_args,
-                                                                       args_flat))
+        return executable.unsafe_call(
+            *const_args, *_placed_host_args(executable, const_args, args_flat)
+        )
     except _api_util.InternalFloatingPointError as err:
         if getattr(fun, "_apply_primitive", False):
             raise FloatingPointError(
-                f"invalid value ({err.ty}) encountered in {fun.__qualname__}") from None
+                f"invalid value ({err.ty}) encountered in {fun.__qualname__}"
+            ) from None
         _api_util.maybe_recursive_nan_check(err, fun, args, kwargs)  # raises
         raise RuntimeError("Internal error") from err
 
@@ -82,8 +94,9 @@ def _run_checked(executable: Any, const_args: Sequence[Any], args_flat: Sequence
 _HOST_VALUE_TYPES = (np.ndarray, np.generic, bool, int, float, complex)
 
 
-def _placed_host_args(executable: Any, const_args: Sequence[Any],
-                      args_flat: Sequence[Any]) -> Sequence[Any]:
+def _placed_host_args(
+    executable: Any, const_args: Sequence[Any], args_flat: Sequence[Any]
+) -> Sequence[Any]:
     """`args_flat` with each host value (a numpy array or scalar, a Python scalar) placed on
     its input's sharding as the executable's input dtype, which the lowering fixed.
 
@@ -115,13 +128,18 @@ def _placed_host_args(executable: Any, const_args: Sequence[Any],
         except (OverflowError, TypeError, ValueError):
             continue
         placed[j] = _pxla.shard_args(
-            [handler.in_shardings[k]], [handler.in_layouts[k]],
-            [xc.ArrayCopySemantics.REUSE_INPUT], [value], canonicalize=False)[0]
+            [handler.in_shardings[k]],
+            [handler.in_layouts[k]],
+            [xc.ArrayCopySemantics.REUSE_INPUT],
+            [value],
+            canonicalize=False,
+        )[0]
     return placed
 
 
-def _fast_path_and_reason(fast: Any, donated: Sequence[bool],
-                          reason: str | None) -> tuple[Any, str | None]:
+def _fast_path_and_reason(
+    fast: Any, donated: Sequence[bool], reason: str | None
+) -> tuple[Any, str | None]:
     fast_path = _fast_path(fast, donated)
     if fast_path is None and reason is None:
         reason = "JAX's own dispatch keeps it off its fast path (outputs that are not arrays, "
@@ -166,8 +184,10 @@ def compile_lowered(lowered: Any) -> None:
     """Compiles a `jax.stages.Lowered` of a jit function the way a call would, where fastpjit
     can, so that its `compile()` returns fastpjit's executable."""
     computation = lowered._lowering
-    if (isinstance(computation, _pxla.MeshComputation)
-            and _why_jax_compiles_lowering(computation) is None):
+    if (
+        isinstance(computation, _pxla.MeshComputation)
+        and _why_jax_compiles_lowering(computation) is None
+    ):
         compile_lowering(computation)
 
 
@@ -185,13 +205,22 @@ def _why_jax_compiles(params: dict[str, Any]) -> str | None:
 def _lower(params: dict[str, Any], args_flat: Sequence[Any]) -> Any:
     """JAX's lowering of the call, shared with jax.jit's caches."""
     return _pjit._resolve_and_lower(
-        [_pjit.convert_to_metaty(a) for a in args_flat], jaxpr=params["jaxpr"],
-        in_shardings=params["in_shardings"], out_shardings=params["out_shardings"],
-        in_layouts=params["in_layouts"], out_layouts=params["out_layouts"],
-        donated_invars=params["donated_invars"], ctx_mesh=params["ctx_mesh"],
-        name=params["name"], keep_unused=params["keep_unused"], inline=params["inline"],
-        lowering_platforms=None, lowering_parameters=_mlir.LoweringParameters(),
-        pgle_profiler=None, compiler_options_kvs=params["compiler_options_kvs"])
+        [_pjit.convert_to_metaty(a) for a in args_flat],
+        jaxpr=params["jaxpr"],
+        in_shardings=params["in_shardings"],
+        out_shardings=params["out_shardings"],
+        in_layouts=params["in_layouts"],
+        out_layouts=params["out_layouts"],
+        donated_invars=params["donated_invars"],
+        ctx_mesh=params["ctx_mesh"],
+        name=params["name"],
+        keep_unused=params["keep_unused"],
+        inline=params["inline"],
+        lowering_platforms=None,
+        lowering_parameters=_mlir.LoweringParameters(),
+        pgle_profiler=None,
+        compiler_options_kvs=params["compiler_options_kvs"],
+    )
 
 
 def _why_jax_compiles_lowering(computation: Any) -> str | None:
@@ -200,16 +229,21 @@ def _why_jax_compiles_lowering(computation: Any) -> str | None:
         return "the computation calls back to the host"
     if any(layout is not None for layout in (*args["in_layouts"], *args["out_layouts"])):
         return "layouts are set"
-    if args["mut"] is not None or (args["shape_poly_state"] is not None
-                                   and args["shape_poly_state"].uses_dim_vars):
+    if args["mut"] is not None or (
+        args["shape_poly_state"] is not None and args["shape_poly_state"].uses_dim_vars
+    ):
         return "mutable arrays or symbolic shapes"
     avals = (*args["global_in_avals"], *args["global_out_avals"])
-    if any(a is _core.abstract_token or _dtypes.issubdtype(a.dtype, _dtypes.extended)
-           for a in avals):
+    if any(
+        a is _core.abstract_token or _dtypes.issubdtype(a.dtype, _dtypes.extended) for a in avals
+    ):
         return "tokens or extended dtypes (PRNG keys)"
     shardings = (*args["in_shardings"], *args["out_shardings"])
-    if any(_mlir.contains_unconstrained(s) for s in shardings
-           if not isinstance(s, _sharding_impls.UnspecifiedValue)):
+    if any(
+        _mlir.contains_unconstrained(s)
+        for s in shardings
+        if not isinstance(s, _sharding_impls.UnspecifiedValue)
+    ):
         return "unconstrained shardings"
     return None
 
@@ -218,13 +252,21 @@ def _fast_path(fast: Any, donated: Sequence[bool]) -> Any:
     """fastpjit's `FastPath` from JAX's fast-path data, or None without a fast path."""
     if fast is None or any(layout is not None for layout in fast.in_device_local_layouts):
         return None
-    handlers = [xc.array_result_handler(aval, sharding, committed=committed, _skip_checks=True)
-                for aval, sharding, committed
-                in zip(fast.out_avals, fast.out_shardings, fast.out_committed, strict=True)]
+    handlers = [
+        xc.array_result_handler(aval, sharding, committed=committed, _skip_checks=True)
+        for aval, sharding, committed in zip(
+            fast.out_avals, fast.out_shardings, fast.out_committed, strict=True
+        )
+    ]
     return _native.FastPath(
-        executable=fast.xla_executable, out_treedef=fast.out_pytree_def, out_handlers=handlers,
-        in_shardings=list(fast.in_shardings), kept=[bool(k) for k in fast.kept_var_bitvec],
-        const_args=list(fast.const_args), donated=[bool(d) for d in donated])
+        executable=fast.xla_executable,
+        out_treedef=fast.out_pytree_def,
+        out_handlers=handlers,
+        in_shardings=list(fast.in_shardings),
+        kept=[bool(k) for k in fast.kept_var_bitvec],
+        const_args=list(fast.const_args),
+        donated=[bool(d) for d in donated],
+    )
 
 
 def aot_cache_miss(compiled: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -232,27 +274,43 @@ def aot_cache_miss(compiled: Any, args: tuple[Any, ...], kwargs: dict[str, Any])
     JAX checks and runs the call; the `CacheMiss` is as `jit_cache_miss` gives it."""
     executable, params = compiled._executable, compiled._params
     call = getattr(executable, "unsafe_call", None)
-    fast_path = (isinstance(call, _pxla.ExecuteReplicated) and not call.has_unordered_effects
-                 and not call.has_host_callbacks)
+    fast_path = (
+        isinstance(call, _pxla.ExecuteReplicated)
+        and not call.has_unordered_effects
+        and not call.has_host_callbacks
+    )
     if not fast_path:
-        return _native.CacheMiss(compiled(*args, **kwargs), None, compiles=0,
-                                 jax_reason="the executable has effects or callbacks")
+        return _native.CacheMiss(
+            compiled(*args, **kwargs),
+            None,
+            compiles=0,
+            jax_reason="the executable has effects or callbacks",
+        )
     params = params._replace(const_args=executable.shard_const_args(params.const_args))
     outs, out_flat, args_flat = _stages.Compiled.call(params, *args, **kwargs)
     out_flat, out_tree = _pxla.reflatten_outputs_for_dispatch(params.out_tree, out_flat)
     if params.is_high or executable._mut or not all(isinstance(x, xc.ArrayImpl) for x in out_flat):
-        return _native.CacheMiss(outs, None, compiles=0,
-                                 jax_reason="mutable state, or outputs that are not arrays")
+        return _native.CacheMiss(
+            outs, None, compiles=0, jax_reason="mutable state, or outputs that are not arrays"
+        )
     in_shardings = [
         _sharding_impls.physical_sharding(a, s)
         if a is not _core.abstract_token and _dtypes.issubdtype(a.dtype, _dtypes.extended)
         else s
-        for s, a in zip(executable._in_shardings, executable.in_avals, strict=True)]
+        for s, a in zip(executable._in_shardings, executable.in_avals, strict=True)
+    ]
     kept = [i in executable._kept_var_idx for i in range(len(params.const_args) + len(args_flat))]
     fast = _pxla.MeshExecutableFastpathData(
-        executable.xla_executable, out_tree, in_shardings, executable._out_shardings,
-        [o.aval for o in out_flat], [o._committed for o in out_flat], kept,
-        executable._dispatch_in_layouts, params.const_args)
+        executable.xla_executable,
+        out_tree,
+        in_shardings,
+        executable._out_shardings,
+        [o.aval for o in out_flat],
+        [o._committed for o in out_flat],
+        kept,
+        executable._dispatch_in_layouts,
+        params.const_args,
+    )
     donated = [info.donated for info in _tree_util.tree_leaves(compiled.args_info)]
     fast_path, reason = _fast_path_and_reason(fast, donated, None)
     return _native.CacheMiss(outs, fast_path, compiles=0, jax_reason=reason)
@@ -266,21 +324,25 @@ def pmap_cache_miss(pmapped: Any, args: tuple[Any, ...], kwargs: dict[str, Any])
     infer_params = _closure_variable(pmapped, "infer_params")
     local_flat = _pmap_dynamic_leaves(infer_params, args, kwargs)
     cached, jitted, args_flat, _, _, process_count, trace_state_clean = infer_params(
-        *args, **kwargs)
+        *args, **kwargs
+    )
     if not trace_state_clean:
-        return _native.CacheMiss(pmapped(*args, **kwargs), None, compiles=0,
-                                 jax_reason="under a JAX trace")
+        return _native.CacheMiss(
+            pmapped(*args, **kwargs), None, compiles=0, jax_reason="under a JAX trace"
+        )
     miss = jit_cache_miss(jitted, tuple(args_flat), {})
     if process_count == 1:
         return miss
     outputs = _pmap_lib.global_array_to_host_local_array(miss.outputs, cached, True)
     fast_path, reason = _across_processes(miss, cached, local_flat)
-    return _native.CacheMiss(outputs, fast_path, compiles=miss.compiles,
-                             jax_reason=reason or miss.jax_reason)
+    return _native.CacheMiss(
+        outputs, fast_path, compiles=miss.compiles, jax_reason=reason or miss.jax_reason
+    )
 
 
-def _pmap_dynamic_leaves(infer_params: Any, args: tuple[Any, ...],
-                         kwargs: dict[str, Any]) -> list[Any]:
+def _pmap_dynamic_leaves(
+    infer_params: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> list[Any]:
     """A pmap call's flat dynamic arguments as the caller passed them (host-local ones)."""
     statics = set(_closure_variable(infer_params, "static_broadcasted_tuple"))
     dynamic = tuple(a for i, a in enumerate(args) if i not in statics)
@@ -296,39 +358,53 @@ def _across_processes(miss: Any, cached: Any, local_flat: list[Any]) -> tuple[An
     if fast is None:
         return None, None
     in_global = []
-    shardings = zip(local_flat, cached.in_local_shardings, cached.in_global_shardings,
-                    strict=True)
+    shardings = zip(local_flat, cached.in_local_shardings, cached.in_global_shardings, strict=True)
     for arg, local_sharding, global_sharding in shardings:
         if type(arg) is ArrayImpl:
-            if not (arg.is_fully_addressable and _pmap_lib._is_sharding_equivalent(
-                    arg.sharding, local_sharding, arg.ndim)):
-                return None, ("a pmap across processes got an array off its local sharding, "
-                              "which JAX moves")
+            if not (
+                arg.is_fully_addressable
+                and _pmap_lib._is_sharding_equivalent(arg.sharding, local_sharding, arg.ndim)
+            ):
+                return None, (
+                    "a pmap across processes got an array off its local sharding, which JAX moves"
+                )
             shape, dtype = arg.shape, arg.dtype
         elif isinstance(arg, np.ndarray | np.generic | bool | int | float | complex):
             value = np.asarray(arg)
             shape, dtype = value.shape, canonical_dtype(value.dtype)
         else:
             return None, "a pmap across processes got an argument that JAX converts"
-        in_global.append((_pmap_lib._local_to_global_aval(shape, dtype, global_sharding),
-                          global_sharding))
+        in_global.append(
+            (_pmap_lib._local_to_global_aval(shape, dtype, global_sharding), global_sharding)
+        )
     out_flat, out_tree = _tree_util.tree_flatten(miss.outputs)
     local_shardings, global_shardings = _pmap_lib._get_out_shardings(
-        out_tree, cached.out_specs, cached.out_local_shardings_thunk)
+        out_tree, cached.out_specs, cached.out_local_shardings_thunk
+    )
     out_local: list[tuple[Any, Any] | None] = []
-    for out, local_sharding, global_sharding in zip(out_flat, local_shardings,
-                                                    global_shardings, strict=True):
+    for out, local_sharding, global_sharding in zip(
+        out_flat, local_shardings, global_shardings, strict=True
+    ):
         if type(out) is not ArrayImpl or out.is_fully_addressable:
             out_local.append(None)
             continue
         if not _pmap_lib._is_sharding_equivalent(out.sharding, global_sharding, out.ndim):
             return None, "a pmap across processes has an output that JAX moves"
-        out_local.append((_pmap_lib._global_to_local_aval(out.shape, out.dtype, global_sharding),
-                          local_sharding))
-    fields = ("executable", "out_treedef", "out_handlers", "in_shardings", "kept", "const_args",
-              "donated")
-    return _native.FastPath(**{f: getattr(fast, f) for f in fields}, in_global=in_global,
-                            out_local=out_local), None
+        out_local.append(
+            (_pmap_lib._global_to_local_aval(out.shape, out.dtype, global_sharding), local_sharding)
+        )
+    fields = (
+        "executable",
+        "out_treedef",
+        "out_handlers",
+        "in_shardings",
+        "kept",
+        "const_args",
+        "donated",
+    )
+    return _native.FastPath(
+        **{f: getattr(fast, f) for f in fields}, in_global=in_global, out_local=out_local
+    ), None
 
 
 def _closure_variable(function: Any, name: str) -> Any:

@@ -25,14 +25,20 @@ def jit_function_and_options(jitted: Any) -> tuple[Callable[..., Any], dict[str,
     if any(layout is not None for layout in (*info.in_layouts_leaves, *info.out_layouts_leaves)):
         raise ValueError(f"{jitted!r} was jitted with layouts, which fastpjit.jit does not take")
     options: dict[str, Any] = {
-        "static_argnums": info.static_argnums, "static_argnames": info.static_argnames,
-        "donate_argnums": info.donate_argnums, "donate_argnames": info.donate_argnames,
-        "keep_unused": info.keep_unused, "device": info.device, "backend": info.backend,
-        "inline": info.inline, "compiler_options": dict(info.compiler_options_kvs) or None,
+        "static_argnums": info.static_argnums,
+        "static_argnames": info.static_argnames,
+        "donate_argnums": info.donate_argnums,
+        "donate_argnames": info.donate_argnames,
+        "keep_unused": info.keep_unused,
+        "device": info.device,
+        "backend": info.backend,
+        "inline": info.inline,
+        "compiler_options": dict(info.compiler_options_kvs) or None,
     }
     for name, treedef, leaves in (
-            ("in_shardings", info.in_shardings_treedef, info.in_shardings_leaves),
-            ("out_shardings", info.out_shardings_treedef, info.out_shardings_leaves)):
+        ("in_shardings", info.in_shardings_treedef, info.in_shardings_leaves),
+        ("out_shardings", info.out_shardings_treedef, info.out_shardings_leaves),
+    ):
         if not all(isinstance(leaf, _sharding_impls.UnspecifiedValue) for leaf in leaves):
             options[name] = jax.tree_util.tree_unflatten(treedef, leaves)
     return jitted._fun, options

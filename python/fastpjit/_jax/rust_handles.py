@@ -56,8 +56,11 @@ def placement_sharding(sharding: Any, ndim: int) -> Any:
     executable only, never handed to the caller."""
     if not isinstance(sharding, jax.sharding.SingleDeviceSharding | jax.sharding.NamedSharding):
         return sharding
-    return GSPMDSharding(sharding._device_assignment, sharding._to_xla_hlo_sharding(ndim),
-                         memory_kind=sharding.memory_kind)
+    return GSPMDSharding(
+        sharding._device_assignment,
+        sharding._to_xla_hlo_sharding(ndim),
+        memory_kind=sharding.memory_kind,
+    )
 
 
 def device_put_aval(shape: tuple[int, ...], dtype: np.dtype, weak_type: bool, sharding: Any) -> Any:
@@ -103,8 +106,12 @@ array_single_device_arrays = vars(ArrayImpl)["_arrays"].fget
 # that a JAX upgrade that adds a state fails there.
 flatten_one_level_for_dispatch = _tree_util.dispatch_registry.flatten_one_level
 trace_context = _config.trace_context
-jit_key_states = (_core.trace_state, _config.device_context, _config.optimization_level,
-                  _config.memory_fitting_level)
+jit_key_states = (
+    _core.trace_state,
+    _config.device_context,
+    _config.optimization_level,
+    _config.memory_fitting_level,
+)
 DISABLE_JIT_INDEX = _config.trace_context_names().index("jax_disable_jit")
 # JAX's post-hook, which runs the NaN and inf checks of jax_debug_nans and jax_debug_infs on the
 # outputs of every cached call: `hook(function, args, kwargs, outputs)`; None when they are off.
@@ -151,7 +158,6 @@ def dataclass_fields(kind: type) -> tuple[tuple[str, ...], tuple[str, ...]] | No
     return tuple(data), tuple(meta)
 
 
-
 def array_was_donated(array: Any) -> bool:
     """Whether a deleted array was donated to a computation rather than deleted by `delete()`:
     jaxlib keeps a donated array's device array (which still knows its size) and drops a
@@ -175,21 +181,29 @@ def array_input(own: Any, target: Any, ndim: int) -> tuple[str, tuple[list[Any],
     if own == target:
         return "pass", None
     if own.num_devices == 1 and target.num_devices == 1:
-        device, = own._device_assignment
+        (device,) = own._device_assignment
         default = device.default_memory().kind if hasattr(device, "default_memory") else None
-        if (tuple(target._device_assignment) == (device,)
-                and (own.memory_kind or default) == (target.memory_kind or default)):
+        if tuple(target._device_assignment) == (device,) and (own.memory_kind or default) == (
+            target.memory_kind or default
+        ):
             return "pass", None
     elif own.is_equivalent_to(target, ndim):
         return "pass", None
-    elif (own.num_devices != target.num_devices or own.memory_kind != target.memory_kind
-          or not _op_shardings.are_hlo_shardings_equal(own._to_xla_hlo_sharding(ndim),
-                                                       target._to_xla_hlo_sharding(ndim))):
+    elif (
+        own.num_devices != target.num_devices
+        or own.memory_kind != target.memory_kind
+        or not _op_shardings.are_hlo_shardings_equal(
+            own._to_xla_hlo_sharding(ndim), target._to_xla_hlo_sharding(ndim)
+        )
+    ):
         return "move", None
     if not (own.is_fully_addressable and target.is_fully_addressable):
         return "move", None
-    return "copy", ([target._internal_device_list.addressable_device_list], [target],
-                    [xc.ArrayCopySemantics.REUSE_INPUT])
+    return "copy", (
+        [target._internal_device_list.addressable_device_list],
+        [target],
+        [xc.ArrayCopySemantics.REUSE_INPUT],
+    )
 
 
 # jaxlib's copy of arrays to other devices; it applies the device-to-device transfer guard.
@@ -197,6 +211,7 @@ batched_copy = _jaxlib.batched_copy_array_to_devices_with_sharding
 
 # The getter of a config state's value, called directly.
 config_value = vars(_jaxlib.config.Config)["value"].fget
+
 
 def shard_arg(x: Any, sharding: Any) -> Any:
     """Places one argument on `sharding` the way jit's dispatch does for a mismatched input."""

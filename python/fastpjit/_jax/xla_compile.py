@@ -64,8 +64,7 @@ def thread_compiles() -> int:
 
 
 # JAX's listener protocol names its keyword arguments; this one takes any.
-jax.monitoring.register_event_duration_secs_listener(
-    _count_backend_compile)  # type: ignore[arg-type]
+jax.monitoring.register_event_duration_secs_listener(_count_backend_compile)  # type: ignore[arg-type]
 jax.monitoring.register_event_listener(_note_persistent_cache_hit)
 
 # One lock per lowering: threads that miss on one call together compile it once, as in JAX.
@@ -88,9 +87,11 @@ def _compile_unlocked(computation: Any) -> Any:
     args = computation.compile_args
     devices = computation._device_list
     in_shardings: Sequence[Any] = tuple(
-        _pxla.maybe_concretize_mesh(s, devices) for s in args["in_shardings"])
+        _pxla.maybe_concretize_mesh(s, devices) for s in args["in_shardings"]
+    )
     out_shardings: Sequence[Any] = tuple(
-        _pxla.maybe_concretize_mesh(s, devices) for s in args["out_shardings"])
+        _pxla.maybe_concretize_mesh(s, devices) for s in args["out_shardings"]
+    )
     options = _compile_options(computation, in_shardings, out_shardings)
     xla_executable = _xla_executable(computation, options)
     in_avals, out_avals = args["global_in_avals"], args["global_out_avals"]
@@ -100,33 +101,60 @@ def _compile_unlocked(computation: Any) -> Any:
         in_shardings,
         _checked_shardings(
             in_shardings,
-            xla_shardings(xla_executable.get_parameter_shardings(), [None] * len(in_avals),
-                           devices),
-            in_avals, "input"),
-        in_avals, in_avals)
+            xla_shardings(
+                xla_executable.get_parameter_shardings(), [None] * len(in_avals), devices
+            ),
+            in_avals,
+            "input",
+        ),
+        in_avals,
+        in_avals,
+    )
     out_shardings = _checked_shardings(
         out_shardings,
-        xla_shardings(xla_executable.get_output_shardings(),
-                       output_memory_kinds(xla_executable, len(out_avals)), devices),
-        out_avals, "output")
+        xla_shardings(
+            xla_executable.get_output_shardings(),
+            output_memory_kinds(xla_executable, len(out_avals)),
+            devices,
+        ),
+        out_avals,
+        "output",
+    )
     xla_in_layouts, xla_out_layouts = _pxla._get_layouts_from_executable(
-        xla_executable, args["in_layouts"], args["out_layouts"], 0, in_avals, out_avals)
+        xla_executable, args["in_layouts"], args["out_layouts"], 0, in_avals, out_avals
+    )
     out_shardings = _pxla.maybe_recover_user_shardings(
-        in_shardings, out_shardings, in_avals, out_avals, args["intermediate_shardings"],
-        args["context_mesh"])
+        in_shardings,
+        out_shardings,
+        in_avals,
+        out_avals,
+        args["intermediate_shardings"],
+        args["context_mesh"],
+    )
     in_shardings = _pxla.finalize_shardings(in_shardings, devices)
     out_shardings = _pxla.finalize_shardings(out_shardings, devices)
     return _pxla.UnloadedMeshExecutable(
-        xla_executable=xla_executable, device_list=devices, backend=args["backend"],
-        input_avals=in_avals, input_shardings=in_shardings, output_avals=out_avals,
-        output_shardings=out_shardings, committed=args["committed"], name=computation._name,
-        unordered_effects=[], ordered_effects=[], keepalive=args["keepalive"],
-        host_callbacks=[], kept_var_idx=args["kept_var_idx"], mut=None,
+        xla_executable=xla_executable,
+        device_list=devices,
+        backend=args["backend"],
+        input_avals=in_avals,
+        input_shardings=in_shardings,
+        output_avals=out_avals,
+        output_shardings=out_shardings,
+        committed=args["committed"],
+        name=computation._name,
+        unordered_effects=[],
+        ordered_effects=[],
+        keepalive=args["keepalive"],
+        host_callbacks=[],
+        kept_var_idx=args["kept_var_idx"],
+        mut=None,
         xla_in_layouts=xla_in_layouts,
-        dispatch_in_layouts=_pxla.get_dispatch_layouts(xla_in_layouts, in_shardings,
-                                                       in_avals),
-        xla_out_layouts=xla_out_layouts, all_args_info=args["all_args_info"],
-        pgle_profiler=None).load()
+        dispatch_in_layouts=_pxla.get_dispatch_layouts(xla_in_layouts, in_shardings, in_avals),
+        xla_out_layouts=xla_out_layouts,
+        all_args_info=args["all_args_info"],
+        pgle_profiler=None,
+    ).load()
 
 
 # XLA's executables by lowered module and compile options. Two signatures whose lowering JAX
@@ -144,11 +172,18 @@ def _xla_executable(computation: Any, options: Any) -> Any:
         return found
     devices = computation._device_list
     with _dispatch.log_elapsed_time(
-            "Finished XLA compilation of {fun_name} in {elapsed_time:.9f} sec",
-            fun_name=computation._name, event=_dispatch.BACKEND_COMPILE_EVENT):
+        "Finished XLA compilation of {fun_name} in {elapsed_time:.9f} sec",
+        fun_name=computation._name,
+        event=_dispatch.BACKEND_COMPILE_EVENT,
+    ):
         executable = _compiler.compile_or_get_cached(
-            computation.compile_args["backend"], module, devices_as_array(devices), options, [],
-            devices)
+            computation.compile_args["backend"],
+            module,
+            devices_as_array(devices),
+            options,
+            [],
+            devices,
+        )
     with _xla_executables_lock:
         _xla_executables.setdefault(module, {})[key] = executable
     return executable
@@ -161,26 +196,31 @@ def devices_as_array(devices: Any) -> np.ndarray:
     return array
 
 
-def _compile_options(computation: Any, in_shardings: Sequence[Any],
-                     out_shardings: Sequence[Any]) -> Any:
+def _compile_options(
+    computation: Any, in_shardings: Sequence[Any], out_shardings: Sequence[Any]
+) -> Any:
     """One replica and one partition per device, in the lowering's device order; XLA may
     choose the shardings of the inputs and outputs that the user left unspecified. The other
     options (XLA flags, JAX's compiler options) are read from JAX's configuration."""
     args = computation.compile_args
     devices = devices_as_array(computation._device_list)
     options = _compiler.get_compile_options(
-        num_replicas=1, num_partitions=devices.size,
+        num_replicas=1,
+        num_partitions=devices.size,
         device_assignment=devices.reshape((1, devices.size)),
         env_options_overrides=dict(computation._compiler_options_kvs),
         detailed_logging=_compiler.use_detailed_logging(computation._hlo),
-        backend=args["backend"])
+        backend=args["backend"],
+    )
     options.parameter_is_tupled_arguments = args["tuple_args"]
     build = options.executable_build_options
     unspecified = _sharding_impls.UnspecifiedValue
     build.allow_spmd_sharding_propagation_to_parameters = [
-        isinstance(s, unspecified) for s in in_shardings]
+        isinstance(s, unspecified) for s in in_shardings
+    ]
     build.allow_spmd_sharding_propagation_to_output = [
-        isinstance(s, unspecified) for s in out_shardings]
+        isinstance(s, unspecified) for s in out_shardings
+    ]
     return options
 
 
@@ -194,8 +234,9 @@ def output_memory_kinds(executable: Any, count: int) -> list[str | None]:
     return kinds
 
 
-def xla_shardings(op_shardings: Any, memory_kinds: list[str | None],
-                   devices: Any) -> list[Any] | None:
+def xla_shardings(
+    op_shardings: Any, memory_kinds: list[str | None], devices: Any
+) -> list[Any] | None:
     """XLA's shardings of an executable's inputs or outputs (in the given memory kinds), read
     by fastpjit's HLO sharding parser; None where XLA reports none."""
     count = len(memory_kinds)
@@ -212,14 +253,19 @@ def xla_shardings(op_shardings: Any, memory_kinds: list[str | None],
         texts = texts * count
     if len(texts) != count:
         raise AssertionError(f"XLA gave {len(texts)} shardings for {count} values")
-    shardings = [gspmd_sharding(devices, _native.canonical_hlo_sharding(text, len(devices)))
-                 for text in texts]
-    return [s if kind is None else s.with_memory_kind(kind)
-            for s, kind in zip(shardings, memory_kinds, strict=True)]
+    shardings = [
+        gspmd_sharding(devices, _native.canonical_hlo_sharding(text, len(devices)))
+        for text in texts
+    ]
+    return [
+        s if kind is None else s.with_memory_kind(kind)
+        for s, kind in zip(shardings, memory_kinds, strict=True)
+    ]
 
 
-def _checked_shardings(shardings: Sequence[Any], xla: list[Any] | None,
-                       avals: Sequence[Any], what: str) -> list[Any]:
+def _checked_shardings(
+    shardings: Sequence[Any], xla: list[Any] | None, avals: Sequence[Any], what: str
+) -> list[Any]:
     """The user's shardings where given, each checked against XLA's by where they place data
     (index maps, and the partial sums of unreduced shardings), and XLA's where not."""
     if xla is None:
@@ -229,12 +275,18 @@ def _checked_shardings(shardings: Sequence[Any], xla: list[Any] | None,
         if isinstance(given, _sharding_impls.UnspecifiedValue):
             out.append(chosen)
             continue
-        if (aval.size != 0 and not chosen._to_xla_hlo_sharding(aval.ndim).is_manual()
-                and (_native.device_placement_map(chosen, aval.shape)
-                     != _native.device_placement_map(given, aval.shape)
-                     or (what == "output" and chosen.memory_kind != given.memory_kind))):
+        if (
+            aval.size != 0
+            and not chosen._to_xla_hlo_sharding(aval.ndim).is_manual()
+            and (
+                _native.device_placement_map(chosen, aval.shape)
+                != _native.device_placement_map(given, aval.shape)
+                or (what == "output" and chosen.memory_kind != given.memory_kind)
+            )
+        ):
             raise AssertionError(
-                f"Unexpected XLA sharding override: (XLA) {chosen} != {given} (User {what})")
+                f"Unexpected XLA sharding override: (XLA) {chosen} != {given} (User {what})"
+            )
         out.append(given)
     return out
 
@@ -243,6 +295,7 @@ def backend_compiles() -> int:
     """How many backend compiles JAX has run in this process so far (loads from the persistent
     compilation cache left out)."""
     return _backend_compiles
+
 
 def clear_xla_executables() -> None:
     """Forgets every XLA executable kept by module (jax.clear_caches())."""

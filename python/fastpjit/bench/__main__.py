@@ -10,8 +10,9 @@ import re
 # (XLA reads the flag when JAX first starts a backend, which importing fastpjit does not; the
 # flag means nothing to other platforms.)
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                               + " --xla_force_host_platform_device_count=8").strip()
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    ).strip()
 
 import argparse  # noqa: E402
 import json  # noqa: E402
@@ -47,15 +48,23 @@ def _lines(items: list[T]) -> Iterator[T]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fastpjit.bench",
-                                     description=_DESCRIPTION)
-    parser.add_argument("--quick", action="store_true",
-                        help="a row of each kind, with short rounds (under two minutes)")
-    parser.add_argument("--only", metavar="PATTERN",
-                        help="only the rows whose name contains PATTERN (a regular expression, "
-                             "case-insensitive)")
-    parser.add_argument("--out", metavar="DIR", default="fastpjit-bench",
-                        help="where to write bench.json and bench.png (default: %(default)s)")
+    parser = argparse.ArgumentParser(prog="python -m fastpjit.bench", description=_DESCRIPTION)
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a row of each kind, with short rounds (under two minutes)",
+    )
+    parser.add_argument(
+        "--only",
+        metavar="PATTERN",
+        help="only the rows whose name contains PATTERN (a regular expression, case-insensitive)",
+    )
+    parser.add_argument(
+        "--out",
+        metavar="DIR",
+        default="fastpjit-bench",
+        help="where to write bench.json and bench.png (default: %(default)s)",
+    )
     args = parser.parse_args(argv)
     start = time.perf_counter()
 
@@ -81,17 +90,24 @@ def main(argv: list[str] | None = None) -> int:
         print("\n" + harness.text_table(rows))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    payload = {"environment": env, "command": " ".join(["python -m fastpjit.bench",
-                                                        *(argv or sys.argv[1:])]),
-               "quick": args.quick, "settings": vars(settings), "rows": rows,
-               "failures": failures}
+    payload = {
+        "environment": env,
+        "command": " ".join(["python -m fastpjit.bench", *(argv or sys.argv[1:])]),
+        "quick": args.quick,
+        "settings": vars(settings),
+        "rows": rows,
+        "failures": failures,
+    }
     (out / "bench.json").write_text(json.dumps(payload, indent=1, default=str))
     written = [out / "bench.json"]
     if rows:
         try:
-            harness.bar_plot(rows, out / "bench.png",
-                             f"fastpjit, JAX and the floor on {env['device_count']} × "
-                             f"{env['device_kind']}, fastpjit {env['fastpjit']}")
+            harness.bar_plot(
+                rows,
+                out / "bench.png",
+                f"fastpjit, JAX and the floor on {env['device_count']} × "
+                f"{env['device_kind']}, fastpjit {env['fastpjit']}",
+            )
             written.append(out / "bench.png")
         except ImportError as err:
             print(f"no plot: {err}", file=sys.stderr)

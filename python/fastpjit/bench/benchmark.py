@@ -63,16 +63,30 @@ class Benchmark:
         return float(self.row["stats"][_side_key(side)]["median"])
 
     def to_dict(self) -> dict[str, Any]:
-        sides = {harness.LABELS[key]: {
-            "median_us": stat["median"], "p25_us": stat["p25"], "p75_us": stat["p75"],
-            "spread": stat["spread"], "p50_us": stat.get("p50"), "p90_us": stat.get("p90"),
-            "p99_us": stat.get("p99"), "calls_per_round": stat["number"],
-            "per_round_us": stat["per_round"]} for key, stat in self.row["stats"].items()}
+        sides = {
+            harness.LABELS[key]: {
+                "median_us": stat["median"],
+                "p25_us": stat["p25"],
+                "p75_us": stat["p75"],
+                "spread": stat["spread"],
+                "p50_us": stat.get("p50"),
+                "p90_us": stat.get("p90"),
+                "p99_us": stat.get("p99"),
+                "calls_per_round": stat["number"],
+                "per_round_us": stat["per_round"],
+            }
+            for key, stat in self.row["stats"].items()
+        }
         return {
-            "name": self.name, "sides": sides, "speedup": self.speedup,
-            "overhead_ratio": self.overhead_ratio, "trusted": self.trusted,
-            "noisy": self.row["noisy"], "rounds": len(self.row["stats"]["ours"]["per_round"]),
-            "timing": self.row["timing"], "fallbacks": self.fallbacks,
+            "name": self.name,
+            "sides": sides,
+            "speedup": self.speedup,
+            "overhead_ratio": self.overhead_ratio,
+            "trusted": self.trusted,
+            "noisy": self.row["noisy"],
+            "rounds": len(self.row["stats"]["ours"]["per_round"]),
+            "timing": self.row["timing"],
+            "fallbacks": self.fallbacks,
             "no_floor": self.row.get("no_floor"),
             "environment": self.environment,
         }
@@ -84,26 +98,38 @@ class Benchmark:
 
     def __str__(self) -> str:
         head = ("", "µs/call", "spread", "p50", "p90", "p99")
-        body = [(harness.LABELS[key], harness.fmt_us(stat["median"]), f"{stat['spread']:.0%}",
-                 *(harness.fmt_us(stat.get(p)) for p in ("p50", "p90", "p99")))
-                for key, stat in self.row["stats"].items()]
+        body = [
+            (
+                harness.LABELS[key],
+                harness.fmt_us(stat["median"]),
+                f"{stat['spread']:.0%}",
+                *(harness.fmt_us(stat.get(p)) for p in ("p50", "p90", "p99")),
+            )
+            for key, stat in self.row["stats"].items()
+        ]
         rounds = len(self.row["stats"]["ours"]["per_round"])
-        lines = [f"fastpjit.benchmark: {self.name}, {rounds} interleaved rounds, results "
-                 "checked equal, each call's results waited for",
-                 *harness.aligned([head, *body])]
+        lines = [
+            f"fastpjit.benchmark: {self.name}, {rounds} interleaved rounds, results "
+            "checked equal, each call's results waited for",
+            *harness.aligned([head, *body]),
+        ]
         ratio = self.overhead_ratio
-        lines.append(f"speedup {harness.fmt_ratio(self.speedup)} (JAX / fastpjit); overhead "
-                     f"ratio {'–' if ratio is None else f'{ratio:.2f}'} "
-                     "= (fastpjit − floor) / (JAX − floor)")
+        lines.append(
+            f"speedup {harness.fmt_ratio(self.speedup)} (JAX / fastpjit); overhead "
+            f"ratio {'–' if ratio is None else f'{ratio:.2f}'} "
+            "= (fastpjit − floor) / (JAX − floor)"
+        )
         lines.append(f"on {harness.describe(self.environment)}")
         if "no_floor" in self.row:
             lines.append(f"no floor: {self.row['no_floor']}")
         for reason, n in self.fallbacks.items():
             lines.append(f"fastpjit handed {n} calls to JAX: {reason}")
         if not self.trusted:
-            lines.append(f"! the rounds of {', '.join(self.row['noisy'])} spread over more than "
-                         f"{harness.TRUSTED_SPREAD:.0%} of their median: the machine was busy; "
-                         "do not trust these figures, measure again")
+            lines.append(
+                f"! the rounds of {', '.join(self.row['noisy'])} spread over more than "
+                f"{harness.TRUSTED_SPREAD:.0%} of their median: the machine was busy; "
+                "do not trust these figures, measure again"
+            )
         return "\n".join(lines)
 
 
@@ -127,15 +153,23 @@ def benchmark(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Benchmark
     return measure_call(fn, args, kwargs)
 
 
-def measure_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-                 settings: harness.Settings = SETTINGS, name: str | None = None) -> Benchmark:
+def measure_call(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    settings: harness.Settings = SETTINGS,
+    name: str | None = None,
+) -> Benchmark:
     """`benchmark`, with its settings and the name shown."""
     sides = call_sides(fn, args, kwargs)
     before = _core.stats()["fallbacks"]
     row = harness.measure(name or _name(fn), sides, settings)
     after = _core.stats()["fallbacks"]
-    fallbacks = {reason: n - before.get(reason, 0) for reason, n in after.items()
-                 if n != before.get(reason, 0)}
+    fallbacks = {
+        reason: n - before.get(reason, 0)
+        for reason, n in after.items()
+        if n != before.get(reason, 0)
+    }
     return Benchmark(row, harness.environment(), fallbacks)
 
 
@@ -156,14 +190,15 @@ class _Target:
     donated: tuple[set[int], set[str]]
 
 
-def _jit_target(fun: Any, options: dict[str, Any], ours: Any = None,
-                theirs: Any = None) -> _Target:
+def _jit_target(fun: Any, options: dict[str, Any], ours: Any = None, theirs: Any = None) -> _Target:
     theirs = theirs if theirs is not None else _jax.jax_jit(floors.fresh(fun), **options)
     positions, names = _jax.jit_donated_args(theirs)
     return _Target(
-        ours=ours if ours is not None else jit(fun, **options), theirs=theirs,
+        ours=ours if ours is not None else jit(fun, **options),
+        theirs=theirs,
         floor=lambda a, k: floors.jit_floor(_jax.jax_jit(floors.fresh(fun), **options), a, k),
-        donated=(set(positions), set(names)))
+        donated=(set(positions), set(names)),
+    )
 
 
 def _target(fn: Any) -> _Target:
@@ -173,33 +208,43 @@ def _target(fn: Any) -> _Target:
         n = len(bound_args)
         positions, names = inner.donated
         return _Target(
-            ours=fn, theirs=functools.partial(inner.theirs, *bound_args, **bound_kwargs),
+            ours=fn,
+            theirs=functools.partial(inner.theirs, *bound_args, **bound_kwargs),
             floor=lambda a, k: inner.floor((*bound_args, *a), bound_kwargs | k),
-            donated=({p - n for p in positions if p >= n}, names))
+            donated=({p - n for p in positions if p >= n}, names),
+        )
     if isinstance(fn, jax.stages.Compiled):
         fn = Compiled.of(fn)
     if isinstance(fn, Compiled):
         compiled = fn._compiled
-        return _Target(ours=fn, theirs=compiled,
-                       floor=lambda a, k: floors.aot_floor(compiled, a, k),
-                       donated=fn._donated_arguments())
+        return _Target(
+            ours=fn,
+            theirs=compiled,
+            floor=lambda a, k: floors.aot_floor(compiled, a, k),
+            donated=fn._donated_arguments(),
+        )
     if isinstance(fn, PmapWrapped):
         options = fn._make.keywords
         fun = fn.__wrapped__
         statics = tuple(options["static_broadcasted_argnums"])
         return _Target(
-            ours=fn, theirs=_jax.jax_pmap(floors.fresh(fun), **options),
-            floor=lambda a, k: floors.pmap_floor(_jax.jax_pmap(floors.fresh(fun), **options), a, k,
-                                                 statics),
-            donated=fn._donated_arguments())
+            ours=fn,
+            theirs=_jax.jax_pmap(floors.fresh(fun), **options),
+            floor=lambda a, k: floors.pmap_floor(
+                _jax.jax_pmap(floors.fresh(fun), **options), a, k, statics
+            ),
+            donated=fn._donated_arguments(),
+        )
     if isinstance(fn, JitWrapped):
         return _jit_target(fn.__wrapped__, dict(fn._make.keywords), ours=fn)
     if _jax_jit_options.is_jax_jit(fn):
         fun, options = _jax_jit_options.jit_function_and_options(fn)
         return _jit_target(fun, options, theirs=fn)
     if not callable(fn):
-        raise TypeError(f"fastpjit.benchmark: fn must be a function, a jax.jit function or a "
-                        f"fastpjit function, got {type(fn).__name__}: {fn!r}")
+        raise TypeError(
+            f"fastpjit.benchmark: fn must be a function, a jax.jit function or a "
+            f"fastpjit function, got {type(fn).__name__}: {fn!r}"
+        )
     return _jit_target(fn, {})
 
 
@@ -214,8 +259,9 @@ def call_sides(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> harnes
     try:
         floor = target.floor(*(renew() if renew else (args, kwargs)))
     except floors.NoFloor as err:
-        return harness.Sides(ours=ours, jax=theirs, check=harness.same_result,
-                             meta={"no_floor": str(err)})
+        return harness.Sides(
+            ours=ours, jax=theirs, check=harness.same_result, meta={"no_floor": str(err)}
+        )
     floor_call = floors.waiting_call(floor.renewing() if renew else harness.Call(floor))
     try:
         harness.same_result(harness.run_once(floor_call), harness.run_once(theirs))
@@ -224,8 +270,12 @@ def call_sides(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> harnes
     return harness.Sides(ours=ours, jax=theirs, floor=floor_call, check=harness.same_result)
 
 
-def _waiting(f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-             renew: Callable[[], tuple[tuple[Any, ...], dict[str, Any]]] | None) -> harness.Call:
+def _waiting(
+    f: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    renew: Callable[[], tuple[tuple[Any, ...], dict[str, Any]]] | None,
+) -> harness.Call:
     block = jax.block_until_ready
     if renew is None:
         return harness.Call(lambda: block(f(*args, **kwargs)))
@@ -237,8 +287,9 @@ def _waiting(f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any
     return harness.Call(lambda: block(f(*current[0], **current[1])), setup)
 
 
-def _renewal(args: tuple[Any, ...], kwargs: dict[str, Any], positions: set[int],
-             names: set[str]) -> Callable[[], tuple[tuple[Any, ...], dict[str, Any]]] | None:
+def _renewal(
+    args: tuple[Any, ...], kwargs: dict[str, Any], positions: set[int], names: set[str]
+) -> Callable[[], tuple[tuple[Any, ...], dict[str, Any]]] | None:
     """What makes new donated arguments for a call (copies of the given ones, which stay
     whole), or None where no array is donated."""
     positions = {p if p >= 0 else len(args) + p for p in positions}
@@ -251,7 +302,9 @@ def _renewal(args: tuple[Any, ...], kwargs: dict[str, Any], positions: set[int],
         return jax.tree.map(floors.fresh_copy, value)
 
     def renew() -> tuple[tuple[Any, ...], dict[str, Any]]:
-        return (tuple(copy(a) if i in positions else a for i, a in enumerate(args)),
-                {k: copy(v) if k in names else v for k, v in kwargs.items()})
+        return (
+            tuple(copy(a) if i in positions else a for i, a in enumerate(args)),
+            {k: copy(v) if k in names else v for k, v in kwargs.items()},
+        )
 
     return renew

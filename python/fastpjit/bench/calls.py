@@ -71,12 +71,15 @@ def _calls(f: Any, calls: list[tuple[tuple[Any, ...], dict[str, Any]]]) -> Calla
 
 # Calls with new numpy arrays that fastpjit hands to jax.jit's C++ dispatch, which places them
 # faster (see rust/core/src/delegation.rs): counted as fallbacks of this reason.
-DELEGATED = ("jit: new numpy arrays, which JAX's C++ dispatch places for less than jaxlib's "
-             "Python API allows: JAX runs the call")
+DELEGATED = (
+    "jit: new numpy arrays, which JAX's C++ dispatch places for less than jaxlib's "
+    "Python API allows: JAX runs the call"
+)
 
 
-def _check_hit(ours: Any, calls: list[tuple[tuple[Any, ...], dict[str, Any]]],
-               hits_per_call: int = 1) -> None:
+def _check_hit(
+    ours: Any, calls: list[tuple[tuple[Any, ...], dict[str, Any]]], hits_per_call: int = 1
+) -> None:
     """fastpjit's second round of calls: hits only (or calls handed to JAX's dispatch for
     their new numpy arrays), no other fallback; `hits_per_call` where a call is several."""
     for args, kwargs in calls:
@@ -85,18 +88,26 @@ def _check_hit(ours: Any, calls: list[tuple[tuple[Any, ...], dict[str, Any]]],
     for args, kwargs in calls:
         ours(*args, **kwargs)
     after = fastpjit.stats()
-    fallbacks = {reason: n - before["fallbacks"].get(reason, 0)
-                 for reason, n in after["fallbacks"].items()
-                 if n != before["fallbacks"].get(reason, 0)}
+    fallbacks = {
+        reason: n - before["fallbacks"].get(reason, 0)
+        for reason, n in after["fallbacks"].items()
+        if n != before["fallbacks"].get(reason, 0)
+    }
     hits = after["cache_hits"] - before["cache_hits"] + fallbacks.pop(DELEGATED, 0)
-    if (hits != hits_per_call * len(calls) or fallbacks
-            or after["cache_misses"] != before["cache_misses"]):
-        raise CheckFailed(f"the second calls were not all hits: {hits} hits of {len(calls)}, "
-                          f"fallbacks {fallbacks}")
+    if (
+        hits != hits_per_call * len(calls)
+        or fallbacks
+        or after["cache_misses"] != before["cache_misses"]
+    ):
+        raise CheckFailed(
+            f"the second calls were not all hits: {hits} hits of {len(calls)}, "
+            f"fallbacks {fallbacks}"
+        )
 
 
-def _sides(kind: str, fun: Any, calls: list[tuple[tuple[Any, ...], dict[str, Any]]],
-           **options: Any) -> Sides:
+def _sides(
+    kind: str, fun: Any, calls: list[tuple[tuple[Any, ...], dict[str, Any]]], **options: Any
+) -> Sides:
     """Ours and JAX's `kind` ("jit" or "pmap") of `fun`, cycling through `calls`, and the
     floor of each call's executable."""
     if kind == "jit":
@@ -141,10 +152,15 @@ def _stacked(devices: int, *shape: int) -> jax.Array:
 
 
 def _params(leaves: int, devices: int) -> dict[str, jax.Array]:
-    sharding = _sharding(devices) if devices == 1 else NamedSharding(
-        jax.make_mesh((devices,), ("x",)), P())
-    return {f"layer{i:04d}": jax.device_put(np.full((4,), i, np.float32), sharding)
-            for i in range(leaves)}
+    sharding = (
+        _sharding(devices)
+        if devices == 1
+        else NamedSharding(jax.make_mesh((devices,), ("x",)), P())
+    )
+    return {
+        f"layer{i:04d}": jax.device_put(np.full((4,), i, np.float32), sharding)
+        for i in range(leaves)
+    }
 
 
 class State(NamedTuple):
@@ -221,24 +237,44 @@ def _jit_patterns() -> dict[str, Callable[[int], tuple[Any, Calls, dict[str, Any
     return {
         "f(x)": lambda d: (plus_one, [((x(d),), {})], {}),
         "f(x, s): s = 1.0, 2, True in turn": lambda d: (
-            scale, [((x(d), 1.0), {}), ((x(d), 2), {}), ((x(d), True), {})], {}),
+            scale,
+            [((x(d), 1.0), {}), ((x(d), 2), {}), ((x(d), True), {})],
+            {},
+        ),
         "f(x, np.float32(1.5))": lambda d: (scale, [((x(d), np.float32(1.5)), {})], {}),
         "f(x, numpy array)": lambda d: (add, [((x(d), np.ones(SHAPE, np.float32)), {})], {}),
         "f(x, y=y)": lambda d: (add, [((x(d),), {"y": x(d)})], {}),
         "f(x, 3), static argnum": lambda d: (
-            scale_static, [((x(d), 3), {})], {"static_argnums": 1}),
+            scale_static,
+            [((x(d), 3), {})],
+            {"static_argnums": 1},
+        ),
         "f(x, n=3), static argname": lambda d: (
-            scale_static, [((x(d),), {"n": 3})], {"static_argnames": "n"}),
+            scale_static,
+            [((x(d),), {"n": 3})],
+            {"static_argnames": "n"},
+        ),
         "f(x) alternating two shapes": lambda d: (
-            plus_one, [((x(d),), {}), ((x(d, (8, 8)),), {})], {}),
+            plus_one,
+            [((x(d),), {}), ((x(d, (8, 8)),), {})],
+            {},
+        ),
         "f(params, x, lr=0.1), 100 leaves": lambda d: (
-            sgd, [((_params(100, d), x(d)), {"lr": 0.1})], {}),
+            sgd,
+            [((_params(100, d), x(d)), {"lr": 0.1})],
+            {},
+        ),
         "f(params, x, lr=0.1), 1000 leaves": lambda d: (
-            sgd, [((_params(1000, d), x(d)), {"lr": 0.1})], {}),
-        "f(namedtuple state)": lambda d: (
-            state_step, [((State(_params(100, d), x(d)),), {})], {}),
+            sgd,
+            [((_params(1000, d), x(d)), {"lr": 0.1})],
+            {},
+        ),
+        "f(namedtuple state)": lambda d: (state_step, [((State(_params(100, d), x(d)),), {})], {}),
         "f(registered dataclass)": lambda d: (
-            registered_step, [((Registered(x(d), x(d)),), {})], {}),
+            registered_step,
+            [((Registered(x(d), x(d)),), {})],
+            {},
+        ),
         "f(tree with None leaves)": lambda d: (with_nones, [((tree(d),), {})], {}),
         "f(x) → tree of outputs": lambda d: (tree_out, [((x(d),), {})], {}),
         "f(x) → dict of 32 outputs": lambda d: (metrics_out, [((x(d),), {})], {}),
@@ -255,17 +291,27 @@ def _pmap_patterns() -> dict[str, Callable[[int], tuple[Any, Calls, dict[str, An
     return {
         "f(x)": lambda d: (plus_one, [((x(d, 4),), {})], on(d)),
         "f(x, 1.0), in_axes=(0, None)": lambda d: (
-            scale, [((x(d, 4), 1.0), {})], on(d, in_axes=(0, None))),
+            scale,
+            [((x(d, 4), 1.0), {})],
+            on(d, in_axes=(0, None)),
+        ),
         "f(x, s): s = 1.0, 2, True in turn, in_axes=(0, None)": lambda d: (
-            scale, [((x(d, 4), 1.0), {}), ((x(d, 4), 2), {}), ((x(d, 4), True), {})],
-            on(d, in_axes=(0, None))),
+            scale,
+            [((x(d, 4), 1.0), {}), ((x(d, 4), 2), {}), ((x(d, 4), True), {})],
+            on(d, in_axes=(0, None)),
+        ),
         "f(x, 3), static broadcast": lambda d: (
-            scale_static, [((x(d, 4), 3), {})], on(d, static_broadcasted_argnums=1)),
+            scale_static,
+            [((x(d, 4), 3), {})],
+            on(d, static_broadcasted_argnums=1),
+        ),
         "f(x, y=y)": lambda d: (add, [((x(d, 4),), {"y": x(d, 4)})], on(d)),
-        "f(x, numpy array)": lambda d: (
-            add, [((x(d, 4), np.ones((d, 4), np.float32)), {})], on(d)),
+        "f(x, numpy array)": lambda d: (add, [((x(d, 4), np.ones((d, 4), np.float32)), {})], on(d)),
         "f(x) alternating two shapes": lambda d: (
-            plus_one, [((x(d, 4),), {}), ((x(d, 8),), {})], on(d)),
+            plus_one,
+            [((x(d, 4),), {}), ((x(d, 8),), {})],
+            on(d),
+        ),
         "f(x) → tree of outputs": lambda d: (tree_out, [((x(d, 4),), {})], on(d)),
         "f(x) → dict of 32 outputs": lambda d: (metrics_out, [((x(d, 4),), {})], on(d)),
     }
@@ -284,24 +330,33 @@ def _donation_loop(kind: str, d: int) -> Sides:
     x = make()
     ours, theirs = wrap(loop_step, **options), oracle(fresh(loop_step), **options)
     floor_fn = oracle(fresh(loop_step), **options)
-    miss = (jit_cache_miss(floor_fn, (make(), x), {}) if kind == "jit"
-            else pmap_cache_miss(floor_fn, (make(), x), {}))
+    miss = (
+        jit_cache_miss(floor_fn, (make(), x), {})
+        if kind == "jit"
+        else pmap_cache_miss(floor_fn, (make(), x), {})
+    )
     run = runner(miss.fast_path)
-    states = {"ours": ours(make(), x), "jax": theirs(make(), x),
-              "floor": run(placed_inputs(miss.fast_path, [make(), x]))}
-    _check_hit(lambda s, y: states.__setitem__("ours", ours(states["ours"], y)),
-               [((None, x), {})])
+    states = {
+        "ours": ours(make(), x),
+        "jax": theirs(make(), x),
+        "floor": run(placed_inputs(miss.fast_path, [make(), x])),
+    }
+    _check_hit(lambda s, y: states.__setitem__("ours", ours(states["ours"], y)), [((None, x), {})])
 
     def step(side: str, f: Callable[[Any, Any], Any]) -> Callable[[], Any]:
         def call() -> Any:
             states[side] = f(states[side], x)
             return states[side]
+
         return call
 
     floor_x = placed_inputs(miss.fast_path, [make(), x])[1]
-    return Sides(ours=step("ours", ours), jax=step("jax", theirs),
-                 floor=step("floor", lambda s, _: run([s, floor_x])),
-                 check=lambda a, b: np.asarray(a).shape == np.asarray(b).shape)
+    return Sides(
+        ours=step("ours", ours),
+        jax=step("jax", theirs),
+        floor=step("floor", lambda s, _: run([s, floor_x])),
+        check=lambda a, b: np.asarray(a).shape == np.asarray(b).shape,
+    )
 
 
 def _aot(d: int) -> Sides:
@@ -334,8 +389,9 @@ def _new_batches(fun: Any, calls: Calls, **options: Any) -> Sides:
     placed = [placed_inputs(miss.fast_path, list(args)) for args, _ in calls]
     floors = [lambda p=p: run(p) for p in placed]
     _check_hit(ours, calls)
-    return Sides(ours=_calls(ours, calls), jax=_calls(theirs, calls), floor=_cycle(floors),
-                 check=same_result)
+    return Sides(
+        ours=_calls(ours, calls), jax=_calls(theirs, calls), floor=_cycle(floors), check=same_result
+    )
 
 
 def train_step(params, x, y):
@@ -355,8 +411,13 @@ def _training_batches(kind: str, d: int, rows: int, features: int) -> Sides:
     rng = np.random.default_rng(0)
     lead = (d,) if kind == "pmap" else ()
     per = rows // d if kind == "pmap" else rows
-    batches = [(rng.standard_normal((*lead, per, features), dtype=np.float32),
-                rng.standard_normal((*lead, per, 1), dtype=np.float32)) for _ in range(16)]
+    batches = [
+        (
+            rng.standard_normal((*lead, per, features), dtype=np.float32),
+            rng.standard_normal((*lead, per, 1), dtype=np.float32),
+        )
+        for _ in range(16)
+    ]
     w, b = np.full((features, 1), 0.01, np.float32), np.zeros((1,), np.float32)
     if kind == "pmap":
         options: dict[str, Any] = {"devices": jax.devices()[:d]}
@@ -374,11 +435,9 @@ def _training_batches(kind: str, d: int, rows: int, features: int) -> Sides:
         else:
             params = jax.device_put((w, b))
         ours, theirs = fastpjit.jit(train_step, **options), jax.jit(fresh(train_step), **options)
-        miss = jit_cache_miss(jax.jit(fresh(train_step), **options),
-                                   (params, *batches[0]), {})
+        miss = jit_cache_miss(jax.jit(fresh(train_step), **options), (params, *batches[0]), {})
     run = runner(miss.fast_path)
-    placed = [placed_inputs(miss.fast_path, [*jax.tree.leaves(params), x, y])
-              for x, y in batches]
+    placed = [placed_inputs(miss.fast_path, [*jax.tree.leaves(params), x, y]) for x, y in batches]
     calls: Calls = [((params, x, y), {}) for x, y in batches]
     _check_hit(ours, calls)
     floors = [lambda p=p: run(p) for p in placed]
@@ -395,8 +454,12 @@ def _rewrapped(d: int) -> Sides:
     theirs_fun = fresh(plus_one)
     floor = jit_floor(jax.jit(fresh(plus_one)), (x,), {})
     _check_hit(lambda v: fastpjit.jit(plus_one)(v), [((x,), {})])
-    return Sides(ours=lambda: fastpjit.jit(plus_one)(x), jax=lambda: jax.jit(theirs_fun)(x),
-                 floor=floor, check=same_result)
+    return Sides(
+        ours=lambda: fastpjit.jit(plus_one)(x),
+        jax=lambda: jax.jit(theirs_fun)(x),
+        floor=floor,
+        check=same_result,
+    )
 
 
 def _chained_pmaps(d: int) -> Sides:
@@ -416,8 +479,12 @@ def _chained_pmaps(d: int) -> Sides:
     x_placed = placed_inputs(f_miss.fast_path, [x])
     x_ours = f_ours(x)  # the same input, placed, on every side: a pmap's output too
     _check_hit(lambda v: g_ours(f_ours(v)), [((x_ours,), {})], hits_per_call=2)
-    return Sides(ours=lambda: g_ours(f_ours(x_ours)), jax=lambda: g_jax(f_jax(x_ours)),
-                 floor=lambda: run_g([run_f(x_placed)]), check=same_result)
+    return Sides(
+        ours=lambda: g_ours(f_ours(x_ours)),
+        jax=lambda: g_jax(f_jax(x_ours)),
+        floor=lambda: run_g([run_f(x_placed)]),
+        check=same_result,
+    )
 
 
 def _threads(n: int, d: int, calls: int = THREAD_CALLS) -> Sides:
@@ -427,13 +494,19 @@ def _threads(n: int, d: int, calls: int = THREAD_CALLS) -> Sides:
     floor = jit_floor(jax.jit(fresh(plus_one)), (x,), {})
     _check_hit(ours, [((x,), {})])
 
-    return Sides(ours=burst(lambda: ours(x), n, calls), jax=burst(lambda: theirs(x), n, calls),
-                 floor=burst(floor, n, calls), check=same_result, calls=n * calls + 1)
+    return Sides(
+        ours=burst(lambda: ours(x), n, calls),
+        jax=burst(lambda: theirs(x), n, calls),
+        floor=burst(floor, n, calls),
+        check=same_result,
+        calls=n * calls + 1,
+    )
 
 
 def burst(f: Callable[[], Any], n: int, calls: int) -> Callable[[], Any]:
     """A burst of `calls` calls of `f` on each of `n` threads, started for the burst (on this
     thread for `n` = 1), then one more call, whose result the burst returns."""
+
     def run() -> Any:
         def loop() -> None:
             for _ in range(calls):
@@ -448,6 +521,7 @@ def burst(f: Callable[[], Any], n: int, calls: int) -> Callable[[], Any]:
             for t in threads:
                 t.join()
         return f()
+
     return run
 
 
@@ -456,8 +530,9 @@ def _on_device_1(new: bool) -> Sides:
     the same)."""
     on_device_1 = {"in_shardings": jax.sharding.SingleDeviceSharding(jax.devices()[1])}
     if new:
-        return _new_batches(plus_one, [((_array(0, offset=i),), {}) for i in range(64)],
-                            **on_device_1)
+        return _new_batches(
+            plus_one, [((_array(0, offset=i),), {}) for i in range(64)], **on_device_1
+        )
     return _sides("jit", plus_one, [((_array(0),), {})], **on_device_1)
 
 
@@ -472,49 +547,89 @@ def cases(widths: tuple[int, ...], process_devices: int | None = None) -> list[C
     the process, as `process_devices` asks for, must be at least the largest)."""
 
     def case(name: str, build: Callable[[], Sides], kind: str, devices: int) -> Case:
-        return Case(name=f"{kind}, {devices} dev: {name}", build=build, devices=process_devices,
-                    meta={"kind": kind, "devices": devices})
+        return Case(
+            name=f"{kind}, {devices} dev: {name}",
+            build=build,
+            devices=process_devices,
+            meta={"kind": kind, "devices": devices},
+        )
 
     rows = []
     for d in widths:
         for name in _jit_patterns():
             rows.append(case(name, partial(_pattern_row, "jit", name, d), "jit", d))
-        rows.append(case("state = f(state, x), donated", partial(_donation_loop, "jit", d),
-                         "jit", d))
+        rows.append(
+            case("state = f(state, x), donated", partial(_donation_loop, "jit", d), "jit", d)
+        )
         rows.append(case("AOT compiled f(x)", partial(_aot, d), "jit", d))
         rows.append(case("f(new array) on every call", partial(_new_arrays, d), "jit", d))
-        rows.append(case("f(x, new numpy array) on every call",
-                         partial(_new_host_arrays, d), "jit", d))
-        rows.append(case("jit(f)(x): a new jit function on every call",
-                         partial(_rewrapped, d), "jit", d))
+        rows.append(
+            case("f(x, new numpy array) on every call", partial(_new_host_arrays, d), "jit", d)
+        )
+        rows.append(
+            case("jit(f)(x): a new jit function on every call", partial(_rewrapped, d), "jit", d)
+        )
         for n_rows, features, size in ((32, 16, "small"), (1024, 256, "mid-sized")):
-            rows.append(case(
-                f"training step, a new {size} numpy batch ({n_rows}×{features}) every step",
-                partial(_training_batches, "jit", d, n_rows, features), "jit", d))
+            rows.append(
+                case(
+                    f"training step, a new {size} numpy batch ({n_rows}×{features}) every step",
+                    partial(_training_batches, "jit", d, n_rows, features),
+                    "jit",
+                    d,
+                )
+            )
     if max(widths) > 1:
         # An uncommitted array on device 0, and in_shardings on device 1: JAX's dispatch copies
         # it there in C++ on every call; fastpjit copies it with jaxlib, and uses the copy again
         # when the same array comes again. (Onto 8 devices, JAX's Python moves it, on either
         # side, and fastpjit counts a fallback.)
-        rows.append(case("f(x) with in_shardings, x uncommitted on another device",
-                         partial(_on_device_1, new=False), "jit", 1))
-        rows.append(case("f(x) with in_shardings, a new x uncommitted on another device",
-                         partial(_on_device_1, new=True), "jit", 1))
+        rows.append(
+            case(
+                "f(x) with in_shardings, x uncommitted on another device",
+                partial(_on_device_1, new=False),
+                "jit",
+                1,
+            )
+        )
+        rows.append(
+            case(
+                "f(x) with in_shardings, a new x uncommitted on another device",
+                partial(_on_device_1, new=True),
+                "jit",
+                1,
+            )
+        )
     for d in widths:
         for name in _pmap_patterns():
             rows.append(case(name, partial(_pattern_row, "pmap", name, d), "pmap", d))
-        rows.append(case("state = f(state, x), donated",
-                         partial(_donation_loop, "pmap", d), "pmap", d))
-        rows.append(case("g(f(x)): a pmap of a previous pmap's output",
-                         partial(_chained_pmaps, d), "pmap", d))
+        rows.append(
+            case("state = f(state, x), donated", partial(_donation_loop, "pmap", d), "pmap", d)
+        )
+        rows.append(
+            case(
+                "g(f(x)): a pmap of a previous pmap's output", partial(_chained_pmaps, d), "pmap", d
+            )
+        )
         for n_rows, features, size in ((32, 16, "small"), (1024, 256, "mid-sized")):
-            rows.append(case(
-                f"training step, a new {size} numpy batch ({n_rows}×{features}) every step",
-                partial(_training_batches, "pmap", d, n_rows, features), "pmap", d))
+            rows.append(
+                case(
+                    f"training step, a new {size} numpy batch ({n_rows}×{features}) every step",
+                    partial(_training_batches, "pmap", d, n_rows, features),
+                    "pmap",
+                    d,
+                )
+            )
     for n in (1, 2, 8):
-        rows.append(case(f"f(x) on {n} thread{'s' if n > 1 else ''}",
-                         partial(_threads, n, 1), "threads", 1))
+        rows.append(
+            case(f"f(x) on {n} thread{'s' if n > 1 else ''}", partial(_threads, n, 1), "threads", 1)
+        )
     for n in (2, 8):
-        rows.append(case(f"f(x) on {n} threads, {LONG_THREAD_CALLS} calls each",
-                         partial(_threads, n, 1, LONG_THREAD_CALLS), "threads", 1))
+        rows.append(
+            case(
+                f"f(x) on {n} threads, {LONG_THREAD_CALLS} calls each",
+                partial(_threads, n, 1, LONG_THREAD_CALLS),
+                "threads",
+                1,
+            )
+        )
     return rows

@@ -28,8 +28,9 @@ def fresh(fun: Any) -> Any:
     shares another's caches: JAX keys its jit caches by the function."""
     if not isinstance(fun, types.FunctionType):
         return fun
-    return types.FunctionType(fun.__code__, fun.__globals__, fun.__name__, fun.__defaults__,
-                              fun.__closure__)
+    return types.FunctionType(
+        fun.__code__, fun.__globals__, fun.__name__, fun.__defaults__, fun.__closure__
+    )
 
 
 def placed_inputs(fast_path: Any, flat_args: list[Any]) -> list[Any]:
@@ -37,7 +38,7 @@ def placed_inputs(fast_path: Any, flat_args: list[Any]) -> list[Any]:
     placed on its input sharding (host values and scalars too, canonicalized as JAX does)."""
     num_consts = len(fast_path.const_args)
     inputs = [c for c, kept in zip(fast_path.const_args, fast_path.kept, strict=False) if kept]
-    shardings = iter(fast_path.in_shardings[len(inputs):])
+    shardings = iter(fast_path.in_shardings[len(inputs) :])
     for arg, kept in zip(flat_args, fast_path.kept[num_consts:], strict=True):
         if not kept:
             continue
@@ -81,15 +82,17 @@ def waiting_call(call: Call) -> Call:
     return Call(lambda: jax.block_until_ready(fn()), call.setup)
 
 
-def jit_floor(jitted: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-              statics: tuple[int, ...] = ()) -> Floor:
+def jit_floor(
+    jitted: Any, args: tuple[Any, ...], kwargs: dict[str, Any], statics: tuple[int, ...] = ()
+) -> Floor:
     """The floor of `jitted(*args, **kwargs)` (a jax.jit function), inputs placed once."""
     miss = jit_cache_miss(jitted, *_copies(args, kwargs))
     return _floor(miss, _dynamic_leaves(args, kwargs, statics, jitted))
 
 
-def pmap_floor(pmapped: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-               statics: tuple[int, ...] = ()) -> Floor:
+def pmap_floor(
+    pmapped: Any, args: tuple[Any, ...], kwargs: dict[str, Any], statics: tuple[int, ...] = ()
+) -> Floor:
     """The floor of `pmapped(*args, **kwargs)` (a jax.pmap function), inputs placed once."""
     miss = pmap_cache_miss(pmapped, *_copies(args, kwargs))
     dynamic = tuple(a for i, a in enumerate(args) if i not in statics)
@@ -102,15 +105,17 @@ def aot_floor(compiled: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> F
     return _floor(miss, jax.tree.leaves((args, kwargs)))
 
 
-def _copies(args: tuple[Any, ...], kwargs: dict[str, Any]
-            ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def _copies(
+    args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Copies of the arrays among the arguments, for the one call that finds the executable:
     a function that donates them consumes the copies, not the caller's."""
     return jax.tree.map(fresh_copy, (args, kwargs))
 
 
-def _dynamic_leaves(args: tuple[Any, ...], kwargs: dict[str, Any], statics: tuple[int, ...],
-                    jitted: Any) -> list[Any]:
+def _dynamic_leaves(
+    args: tuple[Any, ...], kwargs: dict[str, Any], statics: tuple[int, ...], jitted: Any
+) -> list[Any]:
     argnums, argnames = _jax.jit_static_args(jitted)
     static_positions = {i if i >= 0 else len(args) + i for i in (*argnums, *statics)}
     dynamic = tuple(a for i, a in enumerate(args) if i not in static_positions)
@@ -136,13 +141,16 @@ class Floor:
         num_consts = len(fast_path.const_args)
         kept_consts = sum(fast_path.kept[:num_consts])
         donated = [False] * kept_consts + [
-            d for d, kept in zip(fast_path.donated, fast_path.kept[num_consts:], strict=True)
-            if kept]
+            d
+            for d, kept in zip(fast_path.donated, fast_path.kept[num_consts:], strict=True)
+            if kept
+        ]
         inputs = list(self.inputs)
 
         def renew() -> None:
-            inputs[:] = [fresh_copy(x) if d else x for x, d in zip(self.inputs, donated,
-                                                                   strict=True)]
+            inputs[:] = [
+                fresh_copy(x) if d else x for x, d in zip(self.inputs, donated, strict=True)
+            ]
 
         return Call(lambda: self._run(inputs), renew)
 

@@ -216,8 +216,9 @@ def measure(name: str, sides: Sides, settings: Settings) -> dict[str, Any]:
     call the same way. The garbage collector is off while timing, as in `timeit`.
     """
     check_sides(name, sides)
-    calls = {side: _as_call(getattr(sides, side)) for side in SIDES
-             if getattr(sides, side) is not None}
+    calls = {
+        side: _as_call(getattr(sides, side)) for side in SIDES if getattr(sides, side) is not None
+    }
     per_call = any(call.setup is not None for call in calls.values())
     empty = Call(lambda: None, (lambda: None) if per_call else None)
     gc.collect()
@@ -236,12 +237,16 @@ def measure(name: str, sides: Sides, settings: Settings) -> dict[str, Any]:
                 samples[side].append(max(ns - empty_ns, 0.0) / 1e3 / sides.calls)
                 # No more single calls than the round's loop makes: slow calls stay quick.
                 count = min(settings.singles, numbers[side])
-                singles[side] += [max(ns - empty_single_ns, 0) / 1e3 / sides.calls
-                                  for ns in _single_ns(calls[side], count)]
+                singles[side] += [
+                    max(ns - empty_single_ns, 0) / 1e3 / sides.calls
+                    for ns in _single_ns(calls[side], count)
+                ]
     finally:
         gc.enable()
-    stats = {side: _stats(us) | {"number": numbers[side]} | _percentiles(singles[side])
-             for side, us in samples.items()}
+    stats = {
+        side: _stats(us) | {"number": numbers[side]} | _percentiles(singles[side])
+        for side, us in samples.items()
+    }
     return _row(name, sides, stats, per_call, empty_ns / 1e3)
 
 
@@ -277,8 +282,9 @@ def _calibrate(call: Call, per_call: bool, settings: Settings) -> int:
     return max(1, min(number, settings.max_number))
 
 
-def _row(name: str, sides: Sides, stats: dict[str, Any], per_call: bool,
-         empty_us: float) -> dict[str, Any]:
+def _row(
+    name: str, sides: Sides, stats: dict[str, Any], per_call: bool, empty_us: float
+) -> dict[str, Any]:
     ours = stats["ours"]["median"]
     theirs = stats["jax"]["median"]
     floor = stats["floor"]["median"] if "floor" in stats else None
@@ -330,11 +336,17 @@ def markdown_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] = ()) 
     head.append("speedup (JAX/ours)")
     if has_floor:
         head.append("overhead ratio")
-    lines = ["| " + " | ".join(head) + " |",
-             "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
+    lines = [
+        "| " + " | ".join(head) + " |",
+        "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|",
+    ]
     for row in rows:
-        cells = [row["name"], *(str(row.get(column, "")) for column in columns),
-                 fmt_us(row["ours_us"]), fmt_us(row["jax_us"])]
+        cells = [
+            row["name"],
+            *(str(row.get(column, "")) for column in columns),
+            fmt_us(row["ours_us"]),
+            fmt_us(row["jax_us"]),
+        ]
         if has_floor:
             cells.append(fmt_us(row["floor_us"]))
         cells.append(fmt_ratio(row["speedup"]))
@@ -353,24 +365,37 @@ def text_table(rows: Sequence[dict[str, Any]]) -> str:
     for row in rows:
         widest = max(stat["spread"] for stat in row["stats"].values())
         ratio = row["overhead_ratio"]
-        body.append((row["name"], fmt_us(row["ours_us"]), fmt_us(row["jax_us"]),
-                     fmt_us(row["floor_us"]), fmt_ratio(row["speedup"]),
-                     "–" if ratio is None else f"{ratio:.2f}",
-                     f"{widest:.0%}" + (" !" if row["noisy"] else "")))
+        body.append(
+            (
+                row["name"],
+                fmt_us(row["ours_us"]),
+                fmt_us(row["jax_us"]),
+                fmt_us(row["floor_us"]),
+                fmt_ratio(row["speedup"]),
+                "–" if ratio is None else f"{ratio:.2f}",
+                f"{widest:.0%}" + (" !" if row["noisy"] else ""),
+            )
+        )
     lines = aligned([head, *body])
     lines.insert(1, "-" * len(lines[0]))
     if any(row["noisy"] for row in rows):
-        lines.append(f"! a side's rounds spread over more than {TRUSTED_SPREAD:.0%} of its "
-                     "median: the machine was busy; rerun those rows before trusting them")
+        lines.append(
+            f"! a side's rounds spread over more than {TRUSTED_SPREAD:.0%} of its "
+            "median: the machine was busy; rerun those rows before trusting them"
+        )
     return "\n".join(lines)
 
 
 def aligned(table: Sequence[Sequence[str]]) -> list[str]:
     """The lines of a table for a terminal: its first column left-aligned, the others right."""
     widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
-    return ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
-                      for i, (cell, w) in enumerate(zip(line, widths, strict=True)))
-            for line in table]
+    return [
+        "  ".join(
+            cell.ljust(w) if i == 0 else cell.rjust(w)
+            for i, (cell, w) in enumerate(zip(line, widths, strict=True))
+        )
+        for line in table
+    ]
 
 
 def environment() -> dict[str, Any]:
@@ -382,8 +407,9 @@ def environment() -> dict[str, Any]:
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as info:
-            names = [line.split(":", 1)[1].strip() for line in info
-                     if line.startswith("model name")]
+            names = [
+                line.split(":", 1)[1].strip() for line in info if line.startswith("model name")
+            ]
         cpu = names[0] if names else cpu
     except OSError:
         pass
@@ -392,8 +418,9 @@ def environment() -> dict[str, Any]:
         "device_kind": devices[0].device_kind,
         "device_count": len(devices),
         "cpu": cpu,
-        "cores": (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                  else os.cpu_count()),
+        "cores": (
+            len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        ),
         "os": platform.platform(),
         "python": platform.python_version(),
         "jax": jax.__version__,
@@ -407,10 +434,12 @@ def environment() -> dict[str, Any]:
 def describe(env: dict[str, Any]) -> str:
     """`environment()` in one line."""
     load = ", ".join(map(str, env["load_average"]))
-    return (f"{env['device_count']} × {env['platform']} ({env['device_kind']}) on {env['cpu']}, "
-            f"{env['cores']} cores; Python {env['python']}, jax {env['jax']}, jaxlib "
-            f"{env['jaxlib']}, numpy {env['numpy']}, fastpjit {env['fastpjit']}; "
-            f"load average {load}")
+    return (
+        f"{env['device_count']} × {env['platform']} ({env['device_kind']}) on {env['cpu']}, "
+        f"{env['cores']} cores; Python {env['python']}, jax {env['jax']}, jaxlib "
+        f"{env['jaxlib']}, numpy {env['numpy']}, fastpjit {env['fastpjit']}; "
+        f"load average {load}"
+    )
 
 
 def loglog_slope(xs: Sequence[float], ys: Sequence[float]) -> float:
@@ -418,8 +447,9 @@ def loglog_slope(xs: Sequence[float], ys: Sequence[float]) -> float:
     lx = [math.log(x) for x in xs]
     ly = [math.log(y) for y in ys]
     mx, my = statistics.fmean(lx), statistics.fmean(ly)
-    return (sum((a - mx) * (b - my) for a, b in zip(lx, ly, strict=True))
-            / sum((a - mx) ** 2 for a in lx))
+    return sum((a - mx) * (b - my) for a, b in zip(lx, ly, strict=True)) / sum(
+        (a - mx) ** 2 for a in lx
+    )
 
 
 def _pyplot() -> Any:
@@ -427,8 +457,10 @@ def _pyplot() -> Any:
     try:
         import matplotlib
     except ImportError as err:
-        raise ImportError(f"plotting needs matplotlib, which is not installed: {TOOLS_HINT} "
-                          "(tables work without it)") from err
+        raise ImportError(
+            f"plotting needs matplotlib, which is not installed: {TOOLS_HINT} "
+            "(tables work without it)"
+        ) from err
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -444,13 +476,20 @@ def bar_plot(rows: Sequence[dict[str, Any]], path: str | Path, title: str) -> No
     fig, ax = plt.subplots(figsize=(9, 1.2 + 0.3 * len(rows) * len(sides)))
     for k, side in enumerate(sides):
         shown = [(i, row["stats"][side]) for i, row in enumerate(rows) if side in row["stats"]]
-        ax.barh([i + k * height for i, _ in shown], [stat["median"] for _, stat in shown],
-                height=height, label=LABELS[side],
-                xerr=[[stat["median"] - stat["p25"] for _, stat in shown],
-                      [stat["p75"] - stat["median"] for _, stat in shown]])
+        ax.barh(
+            [i + k * height for i, _ in shown],
+            [stat["median"] for _, stat in shown],
+            height=height,
+            label=LABELS[side],
+            xerr=[
+                [stat["median"] - stat["p25"] for _, stat in shown],
+                [stat["p75"] - stat["median"] for _, stat in shown],
+            ],
+        )
     ax.set_yticks([i + height * (len(sides) - 1) / 2 for i in range(len(rows))])
-    ax.set_yticklabels([f"{row['name']}  ({fmt_ratio(row['speedup'])})" for row in rows],
-                       fontsize=8)
+    ax.set_yticklabels(
+        [f"{row['name']}  ({fmt_ratio(row['speedup'])})" for row in rows], fontsize=8
+    )
     ax.invert_yaxis()
     ax.set_xscale("log")
     ax.set_xlabel("µs per call (median of rounds; bars: their interquartile range)")
@@ -472,17 +511,26 @@ def plot(rows: Sequence[dict[str, Any]], spec: Plot, path: Path) -> None:
     for ax, panel in zip(axes[0], panels, strict=True):
         shown = [row for row in rows if spec.panel is None or row.get(spec.panel) == panel]
         series = list(dict.fromkeys(row[spec.series] for row in shown))
-        for colour, name in zip(itertools.cycle(plt.rcParams["axes.prop_cycle"].by_key()["color"]),
-                                series):
-            points = sorted((row for row in shown if row[spec.series] == name),
-                            key=lambda row: row[spec.x])
+        for colour, name in zip(
+            itertools.cycle(plt.rcParams["axes.prop_cycle"].by_key()["color"]), series
+        ):
+            points = sorted(
+                (row for row in shown if row[spec.series] == name), key=lambda row: row[spec.x]
+            )
             xs = [row[spec.x] for row in points]
             for side, (line, marker, width) in styles.items():
                 ys = [row[f"{side}_us"] for row in points]
                 if any(y is None for y in ys):
                     continue
-                ax.plot(xs, ys, line, marker=marker, color=colour, linewidth=width,
-                        label=f"{LABELS[side]}: {name}")
+                ax.plot(
+                    xs,
+                    ys,
+                    line,
+                    marker=marker,
+                    color=colour,
+                    linewidth=width,
+                    label=f"{LABELS[side]}: {name}",
+                )
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel(spec.xlabel or spec.x)
