@@ -64,6 +64,12 @@ impl<S, E> CacheEntry<S, E> {
         self.outcome.get()
     }
 
+    /// Marks the entry used without making it recent (a call that took another path to it).
+    #[inline]
+    pub fn mark_used(&self) {
+        self.used.mark();
+    }
+
     /// Sets the outcome, once; only the thread running the miss sets it.
     pub fn set_outcome(&self, outcome: E) {
         let _ = self.outcome.set(outcome);
@@ -172,12 +178,6 @@ impl<S, E> EntryCache<S, E> {
             entry.used.mark();
             self.note_recent(entry);
         }
-    }
-
-    /// Marks `entry` used without making it recent (a call that took another path to it).
-    #[inline]
-    pub fn mark_used(entry: &Entry<S, E>) {
-        entry.used.mark();
     }
 
     /// Starts the miss of a call of `signature`, whose hash is `hash`: its entry goes into
