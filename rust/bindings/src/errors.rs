@@ -1,6 +1,7 @@
-//! The one place where core errors become Python exceptions, each the type JAX raises for the
-//! same misuse.
+//! The one place where core errors, and the dispatcher's refusals of a call, become Python
+//! exceptions, each the type JAX raises for the same misuse.
 
+use fastpjit_core::dispatch::plan::DonationClash;
 use fastpjit_core::ShardingError;
 use pyo3::exceptions::{PyNotImplementedError, PyValueError};
 use pyo3::prelude::*;
@@ -67,4 +68,33 @@ pub fn sharding_error(
         | ShardingError::Parse { .. }
         | ShardingError::Invalid(_) => PyValueError::new_err(format!("{about}{err}")),
     }
+}
+
+/// jaxlib's error for a donated buffer that a call also passes as another argument.
+pub fn donation_clash(clash: &DonationClash) -> PyErr {
+    let (what, example) = if clash.previously_donated {
+        (
+            "Attempt to use a buffer that was previously donated in the same call to Execute()",
+            "f(donate(a), a)",
+        )
+    } else {
+        (
+            "Attempt to donate a buffer which is also used by the same call to Execute()",
+            "f(a, donate(a))",
+        )
+    };
+    PyValueError::new_err(format!(
+        "INVALID_ARGUMENT: {what} (flattened argument {}, replica 0, partition 0, first use: \
+         {}). Toy example for this bug: `{example}`.",
+        clash.input, clash.first
+    ))
+}
+
+/// JAX's error for an argument whose buffer an earlier computation consumed; `shape` is its
+/// aval's short form.
+pub fn donated_argument(position: usize, shape: &Bound<'_, PyAny>) -> PyErr {
+    PyValueError::new_err(format!(
+        "Invalid buffer passed as argument {position} (flattened): the array of shape={shape} \
+         was donated to an earlier computation, so its buffer has been deleted or donated."
+    ))
 }
