@@ -43,23 +43,8 @@ use signature::{
 };
 use tree::Tree;
 
-/// What a bound function's calls take: the entry of its calls' signature, and the bound
-/// arguments' leaves, which are its first inputs.
-pub struct BoundPath {
-    cached: Arc<Cached>,
-    generation: u64,
-    num_bound_args: usize,
-    leaves: Vec<Py<PyAny>>,
-}
-
-impl BoundPath {
-    fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
-        for leaf in &self.leaves {
-            visit.call(leaf)?;
-        }
-        Ok(())
-    }
-}
+/// What a bound function's calls take (see the core's `BoundPath`).
+type BoundPath = fastpjit_core::dispatch::BoundPath<Arc<Cached>, Py<PyAny>>;
 
 /// What a cache entry holds once its miss has run.
 enum Outcome {
@@ -219,7 +204,7 @@ impl JitFunction {
             return Ok(None);
         };
         let signature = &cached.signature;
-        if !entry.passes_through() || signature.leaves.len() < rest {
+        if !entry.passes_through() {
             return Ok(None);
         }
         let Ok((tree, leaves)) = Tree::derive(py, h, all.as_slice())? else {
@@ -233,18 +218,20 @@ impl JitFunction {
                 return Ok(None);
             }
         }
-        let bound = leaves.len() - rest;
-        Ok(Some(BoundPath {
-            generation: self.generation.load(Ordering::Relaxed),
-            num_bound_args: all.len() - rest,
-            leaves: leaves[..bound].iter().map(|l| l.clone().unbind()).collect(),
+        let num_keys = signature.leaves.len();
+        Ok(BoundPath::new(
             cached,
-        }))
+            self.generation.load(Ordering::Relaxed),
+            num_keys,
+            all.len() - rest,
+            leaves.into_iter().map(Bound::unbind).collect(),
+            rest,
+        ))
     }
 
     /// Whether `path` was learned since the cache was last cleared.
     fn is_current(&self, path: &BoundPath) -> bool {
-        path.generation == self.generation.load(Ordering::Relaxed)
+        path.is_current(self.generation.load(Ordering::Relaxed))
     }
 
     /// Runs a bound call on `path`, with `rest`, its arguments after the bound ones; None where
@@ -256,7 +243,7 @@ impl JitFunction {
         rest: &Bound<'py, PyTuple>,
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
         let py = rest.py();
-        let Some(Outcome::Run(entry)) = path.cached.outcome() else {
+        let Some(Outcome::Run(entry)) = path.entry.outcome() else {
             return Ok(None);
         };
         if !self.is_current(path) {
@@ -267,16 +254,16 @@ impl JitFunction {
         } else {
             LiveContext::none(py)
         };
-        let signature = &path.cached.signature;
+        let signature = &path.entry.signature;
         if context.post_hook().is_some()
             || !is_positional_under(signature, path.num_bound_args + rest.len(), &context)
         {
             return Ok(None);
         }
-        let keys = &signature.leaves[path.leaves.len()..];
-        if keys.len() != rest.len() {
+        let Some(own) = path.own_keys(signature.leaves.len(), rest.len()) else {
             return Ok(None);
-        }
+        };
+        let keys = &signature.leaves[own];
         for (arg, key) in rest.iter().zip(keys) {
             let is_array = std::ptr::eq(arg.get_type_ptr(), h.arrays.array_impl.as_ptr().cast());
             if !is_array || !is_key_of(key, h, &arg)? {
@@ -284,8 +271,8 @@ impl JitFunction {
             }
         }
         self.stats.count(Counter::CacheHit);
-        path.cached.mark_used();
-        let mut inputs: Vec<Bound<'py, PyAny>> = Vec::with_capacity(keys.len() + rest.len());
+        path.entry.mark_used();
+        let mut inputs: Vec<Bound<'py, PyAny>> = Vec::with_capacity(path.leaves.len() + rest.len());
         inputs.extend(path.leaves.iter().map(|leaf| leaf.bind(py).clone()));
         inputs.extend(rest.iter());
         entry.run_arrays(h, &PyTuple::new(py, inputs)?).map(Some)
