@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use fastpjit_core::dispatch::Learning;
-use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
@@ -20,6 +20,7 @@ use pyo3::PyTraverseError;
 
 use super::handles::handles;
 use super::{BoundPath, JitFunction};
+use crate::errors::DispatchError;
 
 #[pyclass(module = "fastpjit._core", subclass, frozen)]
 pub struct BoundFunction {
@@ -150,9 +151,7 @@ impl BoundFunction {
                 let merged = bound_kwargs.copy()?;
                 for (name, value) in kwargs.iter() {
                     if merged.contains(&name)? {
-                        return Err(PyTypeError::new_err(format!(
-                            "got multiple values for keyword argument {name}: it is bound"
-                        )));
+                        return Err(DispatchError::BoundKeyword(name.to_string()).into());
                     }
                     merged.set_item(name, value)?;
                 }

@@ -10,7 +10,6 @@ use fastpjit_core::dispatch::plan::{self, InputPlan};
 use fastpjit_core::{HitInputs, KeptValues, LatestCopy};
 use numpy::npyffi::{NPY_ORDER, PY_ARRAY_API};
 use numpy::{PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
-use pyo3::exceptions::PyRuntimeError;
 use pyo3::gc::PyVisit;
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -22,7 +21,7 @@ use super::leaf::{refers_to, HostKind, LiveLeaf, ScalarKind};
 use super::miss::{Conversion, FastPath};
 use super::signature::{CallSignature, LeafKey, LiveCall};
 use super::tree::Tree;
-use crate::errors::{donated_argument, donation_clash};
+use crate::errors::DispatchError;
 use crate::process_local::make_array_from_process_local_leaf;
 use crate::transfer::{deleted_error, HostInput};
 
@@ -129,10 +128,11 @@ impl Entry {
     ) -> PyResult<Self> {
         let num_args = signature.leaves.len();
         if fast.donated.len() != num_args {
-            return Err(PyRuntimeError::new_err(format!(
-                "the cache miss described {} arguments for a call of {num_args}",
-                fast.donated.len()
-            )));
+            return Err(DispatchError::MissArity {
+                described: fast.donated.len(),
+                call: num_args,
+            }
+            .into());
         }
         let num_consts = fast.const_args.len();
         let const_inputs = fast
@@ -392,7 +392,7 @@ impl Entry {
             .plan
             .donation_clash(leaves.len(), |k, j| leaves[k].is(&leaves[j]))
         {
-            Some(clash) => Err(donation_clash(&clash)),
+            Some(clash) => Err(DispatchError::DonationClash(clash).into()),
             None => Ok(()),
         }
     }
@@ -440,7 +440,11 @@ fn check_live(h: &Handles, array: &Bound<'_, PyAny>, position: usize) -> PyResul
     let shape = array
         .getattr(intern!(py, "aval"))?
         .call_method0(intern!(py, "str_short"))?;
-    Err(donated_argument(position, &shape))
+    Err(DispatchError::DonatedArgument {
+        position,
+        shape: shape.to_string(),
+    }
+    .into())
 }
 
 impl CopyInput {

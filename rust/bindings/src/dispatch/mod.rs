@@ -24,12 +24,13 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use fastpjit_core::dispatch::{CacheEntry, EntryCache, MissState};
 use fastpjit_core::{BoundedMap, Delegation};
-use pyo3::exceptions::{PyOverflowError, PyRuntimeError};
+use pyo3::exceptions::PyOverflowError;
 use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString, PyTuple};
 use pyo3::PyTraverseError;
 
+use crate::errors::DispatchError;
 use crate::stats::{Counter, FunctionStats};
 pub use bound::BoundFunction;
 use context::LiveContext;
@@ -173,7 +174,7 @@ impl JitFunction {
         lock(slot)
             .as_ref()
             .map(|f| f.bind(py).clone())
-            .ok_or_else(|| PyRuntimeError::new_err("this jit function was cleared"))
+            .ok_or_else(|| DispatchError::Cleared.into())
     }
 
     /// What a bound function's calls take (see `bound.rs`), learned from the call of

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use fastpjit_core::dispatch::{self, ArgSignature, SignatureHasher};
 
 use numpy::{PyUntypedArray, PyUntypedArrayMethods};
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::PyTypeError;
 use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString, PyTuple};
@@ -24,6 +24,7 @@ use super::context::{Context, LiveContext};
 use super::handles::Handles;
 use super::leaf::{array_hashes, aval_value, host_shape, sharding_id, LiveLeaf};
 use super::tree::Tree;
+use crate::errors::DispatchError;
 
 /// Which arguments are static, as the jitted function declares them.
 pub struct StaticArgs {
@@ -211,12 +212,11 @@ fn same_static(a: &Bound<'_, PyAny>, b: &Bound<'_, PyAny>) -> PyResult<bool> {
                 .str()
                 .map_or_else(|_| "?".to_owned(), |s| s.to_string())
         };
-        PyValueError::new_err(format!(
-            "static arguments should be comparable using __eq__.The following error was raised \
-             when comparing two objects of types {} and {}. The error was:\n{err}",
-            type_name(a),
-            type_name(b)
-        ))
+        DispatchError::StaticComparison {
+            types: (type_name(a), type_name(b)),
+            error: err.to_string(),
+        }
+        .into()
     })
 }
 
