@@ -1,7 +1,12 @@
 //! Criterion benchmarks of the pure core: index maps of large meshes, and shard copies.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use std::convert::Infallible;
+use std::hint::black_box;
+
+use fastpjit_core::dispatch::EntryCache;
 use fastpjit_core::strided::{copy, StridedView};
+use fastpjit_core::BoundedMap;
 use fastpjit_core::{IndexMap, MeshAxes, NamedSpec};
 
 fn index_maps(c: &mut Criterion) {
@@ -59,5 +64,43 @@ fn shard_copies(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, index_maps, shard_copies);
+/// The dispatcher's lookups of a call: the latest entry (a repeated call), a recent one (calls
+/// that alternate), an entry by hash among many, and a memo hit.
+fn cache_lookups(c: &mut Criterion) {
+    let mut group = c.benchmark_group("dispatch_cache");
+    let cache: EntryCache<u64, ()> = EntryCache::new(4096);
+    for signature in 0..1024u64 {
+        let miss = cache.begin_miss(signature, signature);
+        miss.entry.set_outcome(());
+        cache.end_miss(&miss, true);
+    }
+    let matches = |wanted: u64| move |s: &u64| Ok::<_, Infallible>(*s == wanted);
+    group.bench_function("latest", |b| {
+        b.iter(|| {
+            let latest = cache.latest();
+            let found = cache.probe_recent(latest.as_ref(), matches(black_box(1023)));
+            cache.hit(found.unwrap().as_ref().unwrap(), latest.as_ref());
+        });
+    });
+    group.bench_function("recent", |b| {
+        b.iter(|| {
+            let latest = cache.latest();
+            let found = cache.probe_recent(latest.as_ref(), matches(black_box(1020)));
+            black_box(found.unwrap().is_some())
+        });
+    });
+    group.bench_function("by_hash", |b| {
+        b.iter(|| black_box(cache.lookup(black_box(17), matches(17)).unwrap().is_some()));
+    });
+    let mut memo = BoundedMap::new(8192);
+    for address in 0..4096usize {
+        let _ = memo.insert(address * 64, address);
+    }
+    group.bench_function("memo", |b| {
+        b.iter(|| black_box(memo.get(&black_box(64 * 1000))));
+    });
+    group.finish();
+}
+
+criterion_group!(benches, index_maps, shard_copies, cache_lookups);
 criterion_main!(benches);

@@ -4,7 +4,9 @@
 //! single device) reduces to a [`TileLayout`]; [`IndexMap`] turns a layout and a global shape
 //! into per-device bounds. Nothing here touches Python, so all of it is tested with `cargo test`.
 
+pub mod bounded;
 pub mod delegation;
+pub mod dispatch;
 pub mod error;
 mod hlo_lexer;
 mod hlo_parser;
@@ -20,6 +22,7 @@ pub mod strided;
 pub mod tile;
 pub mod transfer;
 
+pub use bounded::{BoundedMap, Forgotten};
 pub use delegation::{Delegation, HitInputs};
 pub use error::ShardingError;
 pub use hlo_sharding::HloSharding;

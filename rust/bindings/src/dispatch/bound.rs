@@ -8,16 +8,18 @@
 //! shardings and commitment under the same jit key runs it directly, reading the bound
 //! leaves no more (a call costs what the executable does, plus the call's own arguments).
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use fastpjit_core::dispatch::Learning;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 use pyo3::PyTraverseError;
 
 use super::{BoundPath, JitFunction};
+use crate::errors::DispatchError;
 use crate::handles::handles;
 
 #[pyclass(module = "fastpjit._core", subclass, frozen)]
@@ -31,11 +33,8 @@ pub struct BoundFunction {
     /// The entry that calls of positional arrays take, learned from the first such call: a
     /// call that has its signature runs it without reading the bound leaves again.
     path: Mutex<Option<Arc<BoundPath>>>,
-    /// How many calls failed to teach it: after `LEARNING_CALLS`, calls stop trying.
-    learning: AtomicU32,
+    learning: Learning,
 }
-
-const LEARNING_CALLS: u32 = 8;
 
 /// The bound arguments, and the bound arrays, each with its path among them (to name a deleted
 /// one).
@@ -86,7 +85,7 @@ impl BoundFunction {
             unsettled: AtomicBool::new(settle.is_some()),
             settle: Mutex::new(settle),
             path: Mutex::new(None),
-            learning: AtomicU32::new(0),
+            learning: Learning::default(),
         })
     }
 
@@ -152,9 +151,7 @@ impl BoundFunction {
                 let merged = bound_kwargs.copy()?;
                 for (name, value) in kwargs.iter() {
                     if merged.contains(&name)? {
-                        return Err(PyTypeError::new_err(format!(
-                            "got multiple values for keyword argument {name}: it is bound"
-                        )));
+                        return Err(DispatchError::BoundKeyword(name.to_string()).into());
                     }
                     merged.set_item(name, value)?;
                 }
@@ -163,21 +160,20 @@ impl BoundFunction {
         };
         let out = JitFunction::__call__(function, &all, merged.as_ref())
             .map_err(|err| this.named(py, err))?;
-        let learning = this.learning.load(Ordering::Relaxed);
         let stale = path
             .as_ref()
             .is_none_or(|path| !function.get().is_current(path));
-        if stale
-            && merged.is_none()
-            && learning < LEARNING_CALLS
-            && !this.unsettled.load(Ordering::Relaxed)
-        {
+        if this.learning.should_learn(
+            stale,
+            merged.is_some(),
+            this.unsettled.load(Ordering::Relaxed),
+        ) {
             match function.get().bound_path(py, h, &all, args.len())? {
                 Some(learned) => {
                     *this.path.lock().unwrap_or_else(PoisonError::into_inner) =
                         Some(Arc::new(learned));
                 }
-                None => this.learning.store(learning + 1, Ordering::Relaxed),
+                None => this.learning.failed(),
             }
         }
         if this.unsettled.load(Ordering::Relaxed) {
@@ -216,7 +212,9 @@ impl BoundFunction {
             visit.call(settle.as_ref())?;
         }
         if let Ok(Some(path)) = self.path.try_lock().as_deref() {
-            path.traverse(&visit)?;
+            for leaf in &path.leaves {
+                visit.call(leaf)?;
+            }
         }
         if let Ok(bound) = self.bound.try_lock() {
             visit.call(&bound.args)?;

@@ -6,10 +6,10 @@
 
 use std::sync::{Mutex, PoisonError};
 
+use fastpjit_core::dispatch::plan::{self, InputPlan};
 use fastpjit_core::{HitInputs, KeptValues, LatestCopy};
 use numpy::npyffi::{NPY_ORDER, PY_ARRAY_API};
 use numpy::{PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
-use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyComplex, PyFloat, PyInt, PyList, PyTuple, PyWeakrefReference};
@@ -19,6 +19,7 @@ use super::leaf::{refers_to, HostKind, LiveLeaf, ScalarKind};
 use super::miss::{Conversion, FastPath};
 use super::signature::{CallSignature, LeafKey, LiveCall};
 use super::tree::Tree;
+use crate::errors::DispatchError;
 use crate::handles::{names, Handles};
 use crate::process_local::make_array_from_process_local_leaf;
 use crate::transfer::{deleted_error, HostInput};
@@ -31,59 +32,44 @@ pub struct Took {
     pub inputs: HitInputs,
 }
 
-/// How one flat argument becomes an executable input.
-enum Input {
-    /// The executable does not take it.
-    Dropped,
-    /// An array on the executable's input sharding.
-    Pass,
-    /// An array whose shards jaxlib copies to the executable's devices as they are (from another
-    /// single device, or the same tiles over devices in another order).
-    Copy(CopyInput),
-    /// An array elsewhere, which JAX moves to this sharding.
-    Move(Py<PyAny>),
-    /// A numpy array or a Python or numpy scalar.
-    Host(HostArg),
-    /// A host-local array of a pmap across processes, viewed as this process's part of a
-    /// global array of this aval and sharding (its buffers are shared, not copied).
-    Rewrap(Py<PyAny>, Py<PyAny>),
-    /// A host-local value of a pmap across processes, placed as this process's part of a
-    /// global array of this aval (its shape and dtype) and sharding.
-    ProcessLocal(Py<PyAny>, Py<PyAny>),
-}
+/// How one flat argument becomes an executable input (see the core's `plan::Input`): a copy
+/// with its targets, a move to a sharding, a host value's placement, or for a pmap across
+/// processes the global aval and sharding of this process's part.
+type Input = plan::Input<CopyInput, Py<PyAny>, HostArg, GlobalPart>;
+type Plan = InputPlan<CopyInput, Py<PyAny>, HostArg, GlobalPart>;
+/// The aval and sharding of the global array that a process-local value is part of.
+type GlobalPart = (Py<PyAny>, Py<PyAny>);
 
 /// The device lists, shardings and copy semantics that jaxlib's batched copy takes.
 type CopyTargets = (Py<PyAny>, Py<PyAny>, Py<PyAny>);
 
-impl Input {
-    /// How `leaf`, an array on sharding `own`, becomes an input on `sharding` (JAX's
-    /// `array_input` says); `donated` if the executable consumes it.
-    fn of_array(
-        h: &Handles,
-        leaf: &Bound<'_, PyAny>,
-        own: &Bound<'_, PyAny>,
-        sharding: Py<PyAny>,
-        donated: bool,
-    ) -> PyResult<Self> {
-        let py = leaf.py();
-        let ndim = leaf.getattr(names(py).ndim.bind(py))?;
-        let (how, copy): (String, Option<CopyTargets>) = h
-            .array_input
-            .bind(py)
-            .call1((own, &sharding, ndim))?
-            .extract()?;
-        Ok(match (how.as_str(), copy) {
-            ("pass", _) => Self::Pass,
-            ("copy", Some(targets)) => {
-                let nbytes: usize = leaf.getattr(names(py).nbytes.bind(py))?.extract()?;
-                Self::Copy(CopyInput {
-                    targets,
-                    latest: (!donated && nbytes <= KEPT_COPY_BYTES).then(Mutex::default),
-                })
-            }
-            _ => Self::Move(sharding),
-        })
-    }
+/// How `leaf`, an array on sharding `own`, becomes an input on `sharding` (JAX's
+/// `array_input` says); `donated` if the executable consumes it.
+fn array_input(
+    h: &Handles,
+    leaf: &Bound<'_, PyAny>,
+    own: &Bound<'_, PyAny>,
+    sharding: Py<PyAny>,
+    donated: bool,
+) -> PyResult<Input> {
+    let py = leaf.py();
+    let ndim = leaf.getattr(names(py).ndim.bind(py))?;
+    let (how, copy): (String, Option<CopyTargets>) = h
+        .array_input
+        .bind(py)
+        .call1((own, &sharding, ndim))?
+        .extract()?;
+    Ok(match (how.as_str(), copy) {
+        ("pass", _) => Input::Pass,
+        ("copy", Some(targets)) => {
+            let nbytes: usize = leaf.getattr(names(py).nbytes.bind(py))?.extract()?;
+            Input::Copy(CopyInput {
+                targets,
+                latest: (!donated && nbytes <= KEPT_COPY_BYTES).then(Mutex::default),
+            })
+        }
+        _ => Input::Move(sharding),
+    })
 }
 
 /// An array argument that jaxlib copies to the executable's device, with the copy of the
@@ -124,13 +110,7 @@ pub struct Entry {
     outputs: Outputs,
     out_handlers: Py<PyList>,
     const_inputs: Vec<Py<PyAny>>,
-    inputs: Vec<Input>,
-    /// Whether the call's leaves are the executable's inputs as they are: every one an array
-    /// on its input sharding, no constants, none dropped.
-    passthrough: bool,
-    /// The arguments whose buffers the executable consumes, and whether it spans devices.
-    donated: Vec<usize>,
-    multi_device: bool,
+    plan: Plan,
     /// For a pmap across processes: the local aval and sharding each output leaf becomes.
     out_local: Option<Vec<Option<Conversion>>>,
 }
@@ -147,10 +127,11 @@ impl Entry {
     ) -> PyResult<Self> {
         let num_args = signature.leaves.len();
         if fast.donated.len() != num_args {
-            return Err(PyRuntimeError::new_err(format!(
-                "the cache miss described {} arguments for a call of {num_args}",
-                fast.donated.len()
-            )));
+            return Err(DispatchError::MissArity {
+                described: fast.donated.len(),
+                call: num_args,
+            }
+            .into());
         }
         let num_consts = fast.const_args.len();
         let const_inputs = fast
@@ -160,38 +141,6 @@ impl Entry {
             .filter(|(_, &kept)| kept)
             .map(|(c, _)| c.clone_ref(py))
             .collect();
-        let mut position = fast.kept[..num_consts].iter().filter(|&&k| k).count();
-        let mut inputs = Vec::with_capacity(num_args);
-        let mut donated = Vec::new();
-        for (j, key) in signature.leaves.iter().enumerate() {
-            if fast.donated[j] && fast.kept[num_consts + j] && matches!(key, LeafKey::Array { .. })
-            {
-                donated.push(j);
-            }
-            if !fast.kept[num_consts + j] {
-                inputs.push(Input::Dropped);
-                continue;
-            }
-            let sharding = fast.in_shardings[position].clone_ref(py);
-            position += 1;
-            if let Some((aval, global)) = fast.in_global.as_ref().and_then(|g| g[j].as_ref()) {
-                let (aval, global) = (aval.clone_ref(py), global.clone_ref(py));
-                inputs.push(match key {
-                    LeafKey::Array { .. } => Input::Rewrap(aval, global),
-                    LeafKey::Host { .. } | LeafKey::Scalar(_) => Input::ProcessLocal(aval, global),
-                });
-                continue;
-            }
-            inputs.push(match key {
-                LeafKey::Array { sharding: own, .. } => {
-                    Input::of_array(h, &leaves[j], own.bind(py), sharding, fast.donated[j])?
-                }
-                LeafKey::Host { .. } | LeafKey::Scalar(_) => Input::Host(HostArg {
-                    host: HostInput::new(&leaves[j], sharding.bind(py))?,
-                    kept: (!fast.donated[j]).then(Mutex::default),
-                }),
-            });
-        }
         let mut multi_device = false;
         for sharding in &fast.in_shardings {
             let devices: usize = sharding
@@ -200,6 +149,33 @@ impl Entry {
                 .extract()?;
             multi_device |= devices > 1;
         }
+        let keys = &signature.leaves;
+        let plan = Plan::new(
+            fast.kept[..num_consts].iter().filter(|&&k| k).count(),
+            &fast.kept[num_consts..],
+            &fast.donated,
+            |j| keys[j].is_array(),
+            multi_device,
+            |j, position| {
+                let sharding = fast.in_shardings[position].clone_ref(py);
+                if let Some((aval, global)) = fast.in_global.as_ref().and_then(|g| g[j].as_ref()) {
+                    let local = (aval.clone_ref(py), global.clone_ref(py));
+                    return Ok(match keys[j] {
+                        LeafKey::Array { .. } => Input::Rewrap(local),
+                        LeafKey::Host { .. } | LeafKey::Scalar(_) => Input::ProcessLocal(local),
+                    });
+                }
+                match &keys[j] {
+                    LeafKey::Array { sharding: own, .. } => {
+                        array_input(h, &leaves[j], own.bind(py), sharding, fast.donated[j])
+                    }
+                    LeafKey::Host { .. } | LeafKey::Scalar(_) => Ok(Input::Host(HostArg {
+                        host: HostInput::new(&leaves[j], sharding.bind(py))?,
+                        kept: (!fast.donated[j]).then(Mutex::default),
+                    })),
+                }
+            },
+        )?;
         let out_treedef = fast.out_treedef.bind(py);
         let leaf_count: usize = out_treedef
             .getattr(names(py).num_leaves.bind(py))?
@@ -222,11 +198,8 @@ impl Entry {
                 .unbind(),
             outputs,
             out_handlers: fast.out_handlers.clone_ref(py),
-            passthrough: num_consts == 0 && inputs.iter().all(|i| matches!(i, Input::Pass)),
             const_inputs,
-            inputs,
-            donated,
-            multi_device,
+            plan,
             out_local: fast.out_local.as_ref().map(|local| {
                 local
                     .iter()
@@ -246,11 +219,11 @@ impl Entry {
         took: &mut Took,
     ) -> PyResult<Bound<'py, PyAny>> {
         let (leaves, keys) = (call.leaves(), &call.keys[..]);
-        let inputs = if self.passthrough {
+        let inputs = if self.plan.passthrough {
             self.check_arrays(h, leaves)?;
             call.leaf_tuple()?
         } else {
-            if !self.donated.is_empty() {
+            if !self.plan.donated.is_empty() {
                 self.check_donations(leaves)?;
             }
             let mut inputs: Vec<Bound<'py, PyAny>> =
@@ -259,11 +232,13 @@ impl Entry {
             // host argument, once per call (it is per thread, and placing does not change it).
             let mut host_guarded = None;
             inputs.extend(self.const_inputs.iter().map(|c| c.bind(py).clone()));
-            for (j, ((input, leaf), key)) in self.inputs.iter().zip(leaves).zip(keys).enumerate() {
+            for (j, ((input, leaf), key)) in
+                self.plan.inputs.iter().zip(leaves).zip(keys).enumerate()
+            {
                 match input {
                     Input::Dropped => {}
                     Input::Pass => {
-                        if self.multi_device {
+                        if self.plan.multi_device {
                             check_live(h, leaf, j)?;
                         }
                         took.inputs.passed += 1;
@@ -298,11 +273,11 @@ impl Entry {
                         }
                         inputs.push(input);
                     }
-                    Input::Rewrap(aval, sharding) => {
+                    Input::Rewrap((aval, sharding)) => {
                         check_live(h, leaf, j)?;
                         inputs.push(h.rewrap.bind(py).call1((leaf, aval, sharding))?);
                     }
-                    Input::ProcessLocal(aval, sharding) => {
+                    Input::ProcessLocal((aval, sharding)) => {
                         let shape = aval.bind(py).getattr(names(py).shape.bind(py))?;
                         let dtype = aval.bind(py).getattr(names(py).dtype.bind(py))?;
                         let local = h.arrays.asarray.bind(py).call1((leaf, dtype))?;
@@ -324,7 +299,8 @@ impl Entry {
     /// The position among a call's leaves of each host value that this entry places, with the
     /// input sharding it is placed on.
     pub fn host_targets(&self, py: Python<'_>) -> Vec<(usize, Py<PyAny>)> {
-        self.inputs
+        self.plan
+            .inputs
             .iter()
             .enumerate()
             .filter_map(|(j, input)| match input {
@@ -336,18 +312,13 @@ impl Entry {
 
     /// Whether a call's leaves are the executable's inputs as they are (see `run_arrays`).
     pub fn passes_through(&self) -> bool {
-        self.passthrough
+        self.plan.passthrough
     }
 
     /// Whether JAX's C++ dispatch takes this entry's calls as they come: one device, and every
     /// argument an array on the input sharding or a host value.
     pub fn delegable(&self) -> bool {
-        !self.multi_device
-            && self.out_local.is_none()
-            && self
-                .inputs
-                .iter()
-                .all(|input| matches!(input, Input::Dropped | Input::Pass | Input::Host(_)))
+        self.plan.delegable() && self.out_local.is_none()
     }
 
     /// Runs the executable of a passthrough entry on `args`, a call's leaves, every one an
@@ -366,10 +337,10 @@ impl Entry {
     /// deleted or donated input that spans devices, so those are checked before; on one device
     /// it refuses them, and they are named after (see `execute`).
     fn check_arrays(&self, h: &Handles, leaves: &[Bound<'_, PyAny>]) -> PyResult<()> {
-        if !self.donated.is_empty() {
+        if !self.plan.donated.is_empty() {
             self.check_donations(leaves)?;
         }
-        if self.multi_device {
+        if self.plan.multi_device {
             for (j, leaf) in leaves.iter().enumerate() {
                 check_live(h, leaf, j)?;
             }
@@ -420,62 +391,13 @@ impl Entry {
     /// shards, are not told apart: comparing buffers waits for the arrays to be computed,
     /// which a donation loop would pay on every call. JAX's own jit crashes on those too.)
     fn check_donations(&self, leaves: &[Bound<'_, PyAny>]) -> PyResult<()> {
-        let as_is = |j: usize| self.passthrough || matches!(self.inputs[j], Input::Pass);
-        let clash = self.donated.iter().any(|&d| {
-            as_is(d) && (0..leaves.len()).any(|k| k != d && as_is(k) && leaves[k].is(&leaves[d]))
-        });
-        if !clash {
-            return Ok(());
+        match self
+            .plan
+            .donation_clash(leaves.len(), |k, j| leaves[k].is(&leaves[j]))
+        {
+            Some(clash) => Err(DispatchError::DonationClash(clash).into()),
+            None => Ok(()),
         }
-        let passed = self.passed_as_is(leaves.len());
-        // As jaxlib reports it: the first input whose buffer an earlier input had, numbered
-        // among the executable's inputs.
-        let donated = |j: usize| self.donated.contains(&j);
-        for (at, &(input, j)) in passed.iter().enumerate() {
-            let Some(&(first, k)) = passed[..at]
-                .iter()
-                .find(|&&(_, k)| leaves[k].is(&leaves[j]))
-            else {
-                continue;
-            };
-            let what = if donated(k) {
-                "Attempt to use a buffer that was previously donated in the same call to \
-                 Execute()"
-            } else if donated(j) {
-                "Attempt to donate a buffer which is also used by the same call to Execute()"
-            } else {
-                continue;
-            };
-            let example = if donated(k) {
-                "f(donate(a), a)"
-            } else {
-                "f(a, donate(a))"
-            };
-            return Err(PyValueError::new_err(format!(
-                "INVALID_ARGUMENT: {what} (flattened argument {input}, replica 0, partition 0, \
-                 first use: {first}). Toy example for this bug: `{example}`."
-            )));
-        }
-        Ok(())
-    }
-
-    /// The leaves passed to the executable as they are, each with its place among the
-    /// executable's inputs (after its constants): `(input, leaf)`.
-    fn passed_as_is(&self, num_leaves: usize) -> Vec<(usize, usize)> {
-        if self.passthrough {
-            return (0..num_leaves).map(|j| (j, j)).collect();
-        }
-        let mut input = self.const_inputs.len();
-        let mut passed = Vec::new();
-        for (j, how) in self.inputs.iter().enumerate() {
-            match how {
-                Input::Dropped => continue,
-                Input::Pass => passed.push((input, j)),
-                _ => {}
-            }
-            input += 1;
-        }
-        passed
     }
 
     /// The outputs of a pmap across processes as host-local arrays, where `local` says so.
@@ -521,10 +443,11 @@ fn check_live(h: &Handles, array: &Bound<'_, PyAny>, position: usize) -> PyResul
     let shape = array
         .getattr(names(py).aval.bind(py))?
         .call_method0(names(py).str_short.bind(py))?;
-    Err(PyValueError::new_err(format!(
-        "Invalid buffer passed as argument {position} (flattened): the array of shape={shape} \
-         was donated to an earlier computation, so its buffer has been deleted or donated."
-    )))
+    Err(DispatchError::DonatedArgument {
+        position,
+        shape: shape.to_string(),
+    }
+    .into())
 }
 
 impl CopyInput {

@@ -6,70 +6,30 @@
 //! calls' arrays, two by position (`SeenArrays`), so that a call that passes one of them again
 //! reads nothing of it.
 
-use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use fastpjit_core::dispatch::seen::SeenArrays as Remembered;
+pub use fastpjit_core::dispatch::{AvalValue, DtypeKey, HostKind, ScalarKind, ShardingId};
+use fastpjit_core::dispatch::{Descr, SEEN_POSITIONS};
+use fastpjit_core::BoundedMap;
 use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyComplex, PyFloat, PyInt, PyTuple, PyWeakrefReference};
 use pyo3::PyTraverseError;
-use rustc_hash::{FxBuildHasher, FxHashMap, FxHasher};
+use rustc_hash::FxHashMap;
 
 use crate::handles::{names, Handles};
 
-/// A Python scalar's type; JAX gives bool no weak type and the others a weak one.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
-pub enum ScalarKind {
-    Bool,
-    Int,
-    Float,
-    Complex,
-}
-
-/// A numpy dtype by value. Builtin numeric types and the types that packages register with
-/// numpy (`ml_dtypes`' bfloat16, say) each have a type number of their own; with the item size
-/// and a native byte order, it says which dtype this is.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
-pub struct DtypeKey {
-    num: i32,
-    itemsize: usize,
-}
-
-// numpy's type numbers of the dtypes that JAX can hold (longdouble, object, strings, dates and
-// structured dtypes cannot), and the first number that packages' types get.
-const NPY_BOOL_TO_CDOUBLE: std::ops::RangeInclusive<i32> = 0..=15;
-const NPY_LONGDOUBLE: i32 = 13;
-const NPY_HALF: i32 = 23;
-const NPY_USERDEF: i32 = 256;
-
-impl DtypeKey {
-    /// The key of `descr`, or None for a dtype that JAX cannot hold or that the key would not
-    /// tell apart (structured dtypes, a foreign byte order).
-    pub fn of(descr: &Bound<'_, PyArrayDescr>) -> Option<Self> {
-        let num = descr.num();
-        let known = (NPY_BOOL_TO_CDOUBLE.contains(&num) && num != NPY_LONGDOUBLE)
-            || num == NPY_HALF
-            || num >= NPY_USERDEF;
-        let native = match descr.byteorder() {
-            b'=' | b'|' => true,
-            b'<' => cfg!(target_endian = "little"),
-            b'>' => cfg!(target_endian = "big"),
-            _ => false,
-        };
-        (known && native && !descr.has_fields() && !descr.has_subarray()).then(|| Self {
-            num,
-            itemsize: descr.itemsize(),
-        })
-    }
-}
-
-/// How a numpy value arrives: an array (whose contents may change between calls) or a
-/// scalar (which cannot).
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
-pub enum HostKind {
-    Array,
-    Scalar,
+/// The key of `descr` (see `DtypeKey::of`).
+pub fn dtype_key(descr: &Bound<'_, PyArrayDescr>) -> Option<DtypeKey> {
+    DtypeKey::of(Descr {
+        num: descr.num(),
+        itemsize: descr.itemsize(),
+        byteorder: descr.byteorder(),
+        has_fields: descr.has_fields(),
+        has_subarray: descr.has_subarray(),
+    })
 }
 
 /// One leaf of a call, read once.
@@ -103,7 +63,7 @@ impl<'py> LiveLeaf<'py> {
         // Subclasses of ndarray (masked arrays, say) are left to JAX.
         if std::ptr::eq(kind, h.arrays.ndarray.as_ptr().cast()) {
             let array = leaf.cast::<PyUntypedArray>()?;
-            return Ok(DtypeKey::of(&array.dtype()).map(|dtype| Self::Host {
+            return Ok(dtype_key(&array.dtype()).map(|dtype| Self::Host {
                 dtype,
                 kind: HostKind::Array,
                 descr: None,
@@ -113,7 +73,7 @@ impl<'py> LiveLeaf<'py> {
             let descr = leaf
                 .getattr(names(py).dtype.bind(py))?
                 .cast_into::<PyArrayDescr>()?;
-            return Ok(DtypeKey::of(&descr).map(|dtype| Self::Host {
+            return Ok(dtype_key(&descr).map(|dtype| Self::Host {
                 dtype,
                 kind: HostKind::Scalar,
                 descr: Some(descr),
@@ -133,50 +93,18 @@ impl<'py> LiveLeaf<'py> {
     }
 }
 
-/// The arrays of a function's latest calls, two by position among its flat leaves (so that
-/// calls that alternate between two arrays find both), with what the call signature reads of
-/// each: its aval, sharding and commitment, which are fixed for the array's life. A call that
-/// passes one of those arrays again reads nothing of it.
-///
-/// An array is held by a weak reference, which tells it apart from a new array at its
-/// address once it is gone. A reference is made only for an array found at an address that
-/// one of the two latest calls had at its position, so that calls with new arrays every time
-/// (batches) make none. A loop whose new arrays take the addresses that its old ones freed (a
-/// donated state, whose arrays alternate between two addresses) makes a reference or two at a
-/// position, then none: an address where a held array was found replaced by a new one is
-/// held again only when two calls in a row pass an array there.
+/// The arrays of a function's latest calls, as the core's rules remember them (see
+/// `fastpjit_core::dispatch::seen`), each with what the call signature reads of it.
 #[derive(Default)]
-pub struct SeenArrays {
-    slots: Vec<[Seen; 2]>,
-}
+pub struct SeenArrays(Remembered<HeldArray>);
 
-#[derive(Default)]
-enum Seen {
-    #[default]
-    Nothing,
-    /// An array was at this address, and is not held; `hold` is false where a held array was
-    /// found replaced by a new one (see above).
-    At { address: usize, hold: bool },
-    Held {
-        address: usize,
-        array: Py<PyWeakrefReference>,
-        aval: Py<PyAny>,
-        sharding: Py<PyAny>,
-        committed: bool,
-    },
+/// An array held by weak reference, with its aval, sharding and commitment.
+pub struct HeldArray {
+    array: Py<PyWeakrefReference>,
+    aval: Py<PyAny>,
+    sharding: Py<PyAny>,
+    committed: bool,
 }
-
-impl Seen {
-    fn address(&self) -> Option<usize> {
-        match self {
-            Self::Nothing => None,
-            Self::At { address, .. } | Self::Held { address, .. } => Some(*address),
-        }
-    }
-}
-
-/// How many positions a function remembers arrays at.
-const SEEN_POSITIONS: usize = 1 << 16;
 
 impl SeenArrays {
     /// Reads a call's leaves, as `read` does each one; None if JAX must handle one of them.
@@ -221,27 +149,13 @@ impl SeenArrays {
         if leaf.is_none() {
             return None;
         }
-        let pair = self.slots.get_mut(position)?;
-        let i = pair.iter().position(|seen| match seen {
-            Seen::Held { array, .. } => refers_to(array, leaf),
-            _ => false,
-        })?;
-        if i != 0 {
-            pair.swap(0, i);
-        }
-        let Seen::Held {
-            aval,
-            sharding,
-            committed,
-            ..
-        } = &pair[0]
-        else {
-            return None;
-        };
+        let held = self
+            .0
+            .remembered(position, |held| refers_to(&held.array, leaf))?;
         Some(LiveLeaf::Array {
-            aval: aval.bind(leaf.py()).clone(),
-            sharding: sharding.bind(leaf.py()).clone(),
-            committed: *committed,
+            aval: held.aval.bind(leaf.py()).clone(),
+            sharding: held.sharding.bind(leaf.py()).clone(),
+            committed: held.committed,
         })
     }
 
@@ -271,74 +185,37 @@ impl SeenArrays {
         {
             return LiveLeaf::read(h, leaf);
         }
-        if self.slots.len() <= position {
-            self.slots.resize_with(position + 1, Default::default);
-        }
-        let pair = &mut self.slots[position];
         let live = LiveLeaf::array(h, leaf)?;
         let address = id(leaf);
-        let found = pair.iter().position(|s| s.address() == Some(address));
-        // The address of the latest call's array, or of the call's before where no held
-        // array has been replaced.
-        let hold = matches!(
-            found.map(|i| (i, &pair[i])),
-            Some((0, Seen::At { .. }) | (_, Seen::At { hold: true, .. }))
-        );
-        let seen = match &live {
+        let held = match &live {
             LiveLeaf::Array {
                 aval,
                 sharding,
                 committed,
-            } if hold => Seen::Held {
-                address,
+            } if self.0.holds(position, address) => Some(HeldArray {
                 array: PyWeakrefReference::new(leaf)?.unbind(),
                 aval: aval.clone().unbind(),
                 sharding: sharding.clone().unbind(),
                 committed: *committed,
-            },
-            _ => Seen::At {
-                address,
-                // Not where a held array was just replaced by a new one, or one was before.
-                hold: !matches!(
-                    found.map(|i| &pair[i]),
-                    Some(Seen::Held { .. } | Seen::At { hold: false, .. })
-                ),
-            },
+            }),
+            _ => None,
         };
-        // The new memory goes first; the one it replaces, or else the older one, goes.
-        let replaced = if found == Some(0) {
-            std::mem::replace(&mut pair[0], seen)
-        } else {
-            let older = std::mem::replace(&mut pair[0], seen);
-            std::mem::replace(&mut pair[1], older)
-        };
+        let replaced = self.0.remember(position, address, held);
         drop(replaced);
         Ok(Some(live))
     }
 
     /// How many arrays are held.
     pub fn held(&self) -> usize {
-        self.slots
-            .iter()
-            .flatten()
-            .filter(|s| matches!(s, Seen::Held { .. }))
-            .count()
+        self.0.held()
     }
 
     /// Visits the objects held: weak references, avals and shardings.
     pub fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
-        for slot in self.slots.iter().flatten() {
-            if let Seen::Held {
-                array,
-                aval,
-                sharding,
-                ..
-            } = slot
-            {
-                visit.call(array)?;
-                visit.call(aval)?;
-                visit.call(sharding)?;
-            }
+        for held in self.0.records() {
+            visit.call(&held.array)?;
+            visit.call(&held.aval)?;
+            visit.call(&held.sharding)?;
         }
         Ok(())
     }
@@ -375,49 +252,28 @@ pub fn host_shape<'a>(leaf: &'a Bound<'_, PyAny>) -> &'a [usize] {
         .map_or(&[], |array| array.shape())
 }
 
-/// An aval's value: what a call signature compares of a `jax.Array` besides its sharding.
-#[derive(PartialEq, Eq, Debug)]
-pub struct AvalValue {
-    pub dtype: DtypeKey,
-    pub shape: Box<[i64]>,
-    pub weak_type: bool,
-    pub hash: u64,
+/// The value of `aval` (a `ShapedArray`); None for dtypes the key does not hold.
+fn read_aval(aval: &Bound<'_, PyAny>) -> PyResult<Option<AvalValue>> {
+    let py = aval.py();
+    let Ok(descr) = aval
+        .getattr(names(py).dtype.bind(py))?
+        .cast_into::<PyArrayDescr>()
+    else {
+        return Ok(None);
+    };
+    let Some(dtype) = dtype_key(&descr) else {
+        return Ok(None);
+    };
+    let shape: Box<[i64]> = aval
+        .getattr(names(py).shape.bind(py))?
+        .cast_into::<PyTuple>()?
+        .extract::<Vec<i64>>()?
+        .into();
+    let weak_type = aval.getattr(names(py).weak_type.bind(py))?.is_truthy()?;
+    Ok(Some(AvalValue::new(dtype, shape, weak_type)))
 }
 
-impl AvalValue {
-    /// The value of `aval` (a `ShapedArray`); None for dtypes the key does not hold.
-    pub fn of(aval: &Bound<'_, PyAny>) -> PyResult<Option<Self>> {
-        let py = aval.py();
-        let Ok(descr) = aval
-            .getattr(names(py).dtype.bind(py))?
-            .cast_into::<PyArrayDescr>()
-        else {
-            return Ok(None);
-        };
-        let Some(dtype) = DtypeKey::of(&descr) else {
-            return Ok(None);
-        };
-        let shape: Box<[i64]> = aval
-            .getattr(names(py).shape.bind(py))?
-            .cast_into::<PyTuple>()?
-            .extract::<Vec<i64>>()?
-            .into();
-        let weak_type = aval.getattr(names(py).weak_type.bind(py))?.is_truthy()?;
-        let mut hasher = FxHasher::default();
-        (dtype, &shape, weak_type).hash(&mut hasher);
-        Ok(Some(Self {
-            dtype,
-            shape,
-            weak_type,
-            hash: hasher.finish(),
-        }))
-    }
-}
-
-type Memo<V> = FxHashMap<usize, (Py<PyAny>, V)>;
-
-/// A sharding's value, as an id that every equal sharding shares.
-pub type ShardingId = u64;
+type Memo<V> = BoundedMap<usize, (Py<PyAny>, V)>;
 
 /// Avals and shardings by identity, each with what comparing and hashing it needs; bounded,
 /// and holding every object it has, so that an identity stays valid while it is a key here.
@@ -440,8 +296,8 @@ static MEMO: Mutex<Option<LeafMemo>> = Mutex::new(None);
 fn with_memo<R>(f: impl FnOnce(&mut LeafMemo) -> R) -> R {
     let mut guard = MEMO.lock().unwrap_or_else(PoisonError::into_inner);
     let memo = guard.get_or_insert_with(|| LeafMemo {
-        avals: Memo::with_capacity_and_hasher(64, FxBuildHasher),
-        shardings: Memo::with_capacity_and_hasher(16, FxBuildHasher),
+        avals: Memo::new(MEMO_AVALS),
+        shardings: Memo::new(MEMO_SHARDINGS),
         representatives: FxHashMap::default(),
         next_id: 0,
     });
@@ -487,11 +343,14 @@ pub fn aval_value(aval: &Bound<'_, PyAny>) -> PyResult<Option<Arc<AvalValue>>> {
     if let Some(value) = with_memo(|memo| memo.avals.get(&id(aval)).map(|(_, v)| v.clone())) {
         return Ok(Some(value));
     }
-    let Some(value) = AvalValue::of(aval)? else {
+    let Some(value) = read_aval(aval)? else {
         return Ok(None);
     };
     let value = Arc::new(value);
-    let evicted = with_memo(|memo| remember(&mut memo.avals, aval, value.clone(), MEMO_AVALS));
+    let evicted = with_memo(|memo| {
+        memo.avals
+            .insert(id(aval), (aval.clone().unbind(), value.clone()))
+    });
     // Released outside the lock: freeing an object can run Python.
     drop(evicted);
     Ok(Some(value))
@@ -499,7 +358,8 @@ pub fn aval_value(aval: &Bound<'_, PyAny>) -> PyResult<Option<Arc<AvalValue>>> {
 
 /// The id of `sharding`'s value, remembered.
 pub fn sharding_id(sharding: &Bound<'_, PyAny>) -> PyResult<ShardingId> {
-    if let Some(id) = with_memo(|memo| memo.shardings.get(&id(sharding)).map(|(_, i)| *i)) {
+    let address = id(sharding);
+    if let Some(id) = with_memo(|memo| memo.shardings.get(&address).map(|(_, i)| *i)) {
         return Ok(id);
     }
     let py = sharding.py();
@@ -538,42 +398,21 @@ pub fn sharding_id(sharding: &Bound<'_, PyAny>) -> PyResult<ShardingId> {
                 .push((sharding.clone().unbind(), id));
             id
         });
-        evicted.extend(remember(&mut memo.shardings, sharding, id, MEMO_SHARDINGS));
-        (id, evicted)
+        let forgotten = memo
+            .shardings
+            .insert(address, (sharding.clone().unbind(), id));
+        (id, (evicted, forgotten))
     });
     let (id, evicted) = evicted;
     drop(evicted);
     Ok(id)
 }
 
-/// Remembers `value` for `obj`; when full, forgets everything first, and returns what it held.
-fn remember<V>(
-    memo: &mut Memo<V>,
-    obj: &Bound<'_, PyAny>,
-    value: V,
-    capacity: usize,
-) -> Vec<Py<PyAny>> {
-    let evicted = if memo.len() >= capacity {
-        memo.drain().map(|(_, (obj, _))| obj).collect()
-    } else {
-        Vec::new()
-    };
-    memo.insert(id(obj), (obj.clone().unbind(), value));
-    evicted
-}
-
 /// Forgets every aval and sharding remembered (`jax.clear_caches()`).
 pub fn clear_memo() {
     let evicted = with_memo(|memo| {
-        let mut evicted: Vec<Py<PyAny>> = memo.avals.drain().map(|(_, (o, _))| o).collect();
-        evicted.extend(memo.shardings.drain().map(|(_, (o, _))| o));
-        evicted.extend(
-            memo.representatives
-                .drain()
-                .flat_map(|(_, v)| v)
-                .map(|(r, _)| r),
-        );
-        evicted
+        let representatives: Vec<_> = memo.representatives.drain().collect();
+        (memo.avals.clear(), memo.shardings.clear(), representatives)
     });
     drop(evicted);
 }

@@ -2,7 +2,7 @@
 //! returns a `CacheMiss`, and where the call can take the fast path next time, the
 //! `FastPath` that a cache entry is built from. Both are checked when they are made.
 
-use pyo3::exceptions::PyValueError;
+use crate::errors::DispatchError;
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 
@@ -56,29 +56,33 @@ impl FastPath {
     ) -> PyResult<Self> {
         let inputs = kept.iter().filter(|&&k| k).count();
         if inputs != in_shardings.len() {
-            return Err(PyValueError::new_err(format!(
-                "FastPath: {} input shardings for the {inputs} inputs that `kept` marks",
+            return Err(DispatchError::FastPath(format!(
+                "{} input shardings for the {inputs} inputs that `kept` marks",
                 in_shardings.len()
-            )));
+            ))
+            .into());
         }
         if kept.len() != const_args.len() + donated.len() {
-            return Err(PyValueError::new_err(format!(
-                "FastPath: `kept` has {} flags for {} constants and {} arguments",
+            return Err(DispatchError::FastPath(format!(
+                "`kept` has {} flags for {} constants and {} arguments",
                 kept.len(),
                 const_args.len(),
                 donated.len()
-            )));
+            ))
+            .into());
         }
         if in_global.as_ref().is_some_and(|g| g.len() != donated.len()) {
-            return Err(PyValueError::new_err(
-                "FastPath: `in_global` needs one entry per argument",
-            ));
+            return Err(DispatchError::FastPath(
+                "`in_global` needs one entry per argument".to_owned(),
+            )
+            .into());
         }
         let outputs = out_handlers.bind(py).len();
         if out_local.as_ref().is_some_and(|l| l.len() != outputs) {
-            return Err(PyValueError::new_err(
-                "FastPath: `out_local` needs one entry per output",
-            ));
+            return Err(DispatchError::FastPath(
+                "`out_local` needs one entry per output".to_owned(),
+            )
+            .into());
         }
         Ok(Self {
             executable,

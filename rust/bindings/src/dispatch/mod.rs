@@ -19,16 +19,17 @@ mod tree;
 
 use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
-use std::thread::{self, ThreadId};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use fastpjit_core::{Delegation, LruBuckets, Recency, UseStamp};
-use pyo3::exceptions::{PyOverflowError, PyRuntimeError};
+use fastpjit_core::dispatch::{CacheEntry, EntryCache, MissState};
+use fastpjit_core::{BoundedMap, Delegation};
+use pyo3::exceptions::PyOverflowError;
 use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString, PyTuple};
 use pyo3::PyTraverseError;
 
+use crate::errors::DispatchError;
 use crate::handles::{handles, Handles};
 use crate::stats::{Counter, FunctionStats};
 pub use bound::BoundFunction;
@@ -37,26 +38,14 @@ pub(crate) use context::MAX_STATES;
 use entry::{Entry, Took};
 use leaf::{LiveLeaf, SeenArrays};
 pub use miss::{CacheMiss, FastPath};
-use signature::{CallSignature, LeafKey, LiveCall, StaticArgs, Unkeyable};
+use signature::{
+    holds_array, is_key_of, is_positional_under, matches, CallSignature, LeafKey, LiveCall,
+    StaticArgs, Unkeyable,
+};
 use tree::Tree;
 
-/// What a bound function's calls take: the entry of its calls' signature, and the bound
-/// arguments' leaves, which are its first inputs.
-pub struct BoundPath {
-    cached: Arc<Cached>,
-    generation: u64,
-    num_bound_args: usize,
-    leaves: Vec<Py<PyAny>>,
-}
-
-impl BoundPath {
-    fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
-        for leaf in &self.leaves {
-            visit.call(leaf)?;
-        }
-        Ok(())
-    }
-}
+/// What a bound function's calls take (see the core's `BoundPath`).
+type BoundPath = fastpjit_core::dispatch::BoundPath<Arc<Cached>, Py<PyAny>>;
 
 /// What a cache entry holds once its miss has run.
 enum Outcome {
@@ -65,35 +54,9 @@ enum Outcome {
     Jax(String),
 }
 
-/// A cache entry: a signature, and what calls of it do, once the thread that missed on it
-/// has found out. Other threads that call with the signature meanwhile wait for it.
-struct Cached {
-    signature: CallSignature,
-    used: UseStamp,
-    outcome: OnceLock<Outcome>,
-    compiling: Mutex<Option<ThreadId>>,
-    done: Condvar,
-}
-
-impl Recency for Cached {
-    fn last_used(&self) -> u64 {
-        self.used.get()
-    }
-}
-
-impl Cached {
-    fn finish(&self) {
-        *lock(&self.compiling) = None;
-        self.done.notify_all();
-    }
-}
-
-/// What became of waiting for another thread's miss.
-enum Waited {
-    Done,
-    /// This thread is the one running the miss.
-    OwnMiss,
-}
+/// A cache entry: a signature, and what calls of it do once its miss has run (see the core's
+/// `EntryCache` for the single-compile protocol).
+type Cached = CacheEntry<CallSignature, Outcome>;
 
 /// The reasons that this function's fallbacks are counted under.
 struct Reasons {
@@ -135,11 +98,8 @@ impl Reasons {
     }
 }
 
-/// How many trees a function remembers, most recently used first.
+/// How many trees a function remembers.
 const TREES: usize = 16;
-/// How many entries a call is compared with before its signature is hashed: those of the
-/// latest calls, so that alternating signatures are found without hashing either.
-const RECENT: usize = 4;
 
 /// What the functions of one Python function and options share, as JAX's jit functions share
 /// its cache: the cache entries, the latest calls' trees and arrays, and the function's
@@ -149,11 +109,9 @@ pub struct DispatchCache {
     statics: StaticArgs,
     reasons: Reasons,
     stats: Arc<FunctionStats>,
-    cache: Mutex<LruBuckets<Arc<Cached>>>,
-    /// The entries of the latest hits and misses, most recent first, tried before the cache:
-    /// calls tend to repeat.
-    recent: Mutex<Vec<Arc<Cached>>>,
-    trees: Mutex<Vec<Arc<Tree>>>,
+    cache: EntryCache<CallSignature, Outcome>,
+    /// The trees of the function's calls by hash, so that entries of one tree share it.
+    trees: Mutex<BoundedMap<u64, Arc<Tree>>>,
     /// The arrays of the latest calls, two by position; a call takes them while it reads its
     /// leaves, and puts them back with its own.
     seen: Mutex<SeenArrays>,
@@ -216,7 +174,7 @@ impl JitFunction {
         lock(slot)
             .as_ref()
             .map(|f| f.bind(py).clone())
-            .ok_or_else(|| PyRuntimeError::new_err("this jit function was cleared"))
+            .ok_or_else(|| DispatchError::Cleared.into())
     }
 
     /// What a bound function's calls take (see `bound.rs`), learned from the call of
@@ -240,14 +198,14 @@ impl JitFunction {
         {
             return Ok(None);
         }
-        let Some(cached) = lock(&self.recent).first().cloned() else {
+        let Some(cached) = self.cache.latest() else {
             return Ok(None);
         };
-        let Some(Outcome::Run(entry)) = cached.outcome.get() else {
+        let Some(Outcome::Run(entry)) = cached.outcome() else {
             return Ok(None);
         };
         let signature = &cached.signature;
-        if !entry.passes_through() || signature.leaves.len() < rest {
+        if !entry.passes_through() {
             return Ok(None);
         }
         let Ok((tree, leaves)) = Tree::derive(py, h, all.as_slice())? else {
@@ -257,22 +215,24 @@ impl JitFunction {
             return Ok(None);
         }
         for (leaf, key) in leaves.iter().zip(&signature.leaves) {
-            if !is_array(leaf) || !key.is_key_of(h, leaf)? {
+            if !is_array(leaf) || !is_key_of(key, h, leaf)? {
                 return Ok(None);
             }
         }
-        let bound = leaves.len() - rest;
-        Ok(Some(BoundPath {
-            generation: self.generation.load(Ordering::Relaxed),
-            num_bound_args: all.len() - rest,
-            leaves: leaves[..bound].iter().map(|l| l.clone().unbind()).collect(),
+        let num_keys = signature.leaves.len();
+        Ok(BoundPath::new(
             cached,
-        }))
+            self.generation.load(Ordering::Relaxed),
+            num_keys,
+            all.len() - rest,
+            leaves.into_iter().map(Bound::unbind).collect(),
+            rest,
+        ))
     }
 
     /// Whether `path` was learned since the cache was last cleared.
     fn is_current(&self, path: &BoundPath) -> bool {
-        path.generation == self.generation.load(Ordering::Relaxed)
+        path.is_current(self.generation.load(Ordering::Relaxed))
     }
 
     /// Runs a bound call on `path`, with `rest`, its arguments after the bound ones; None where
@@ -284,7 +244,7 @@ impl JitFunction {
         rest: &Bound<'py, PyTuple>,
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
         let py = rest.py();
-        let Some(Outcome::Run(entry)) = path.cached.outcome.get() else {
+        let Some(Outcome::Run(entry)) = path.entry.outcome() else {
             return Ok(None);
         };
         if !self.is_current(path) {
@@ -295,25 +255,25 @@ impl JitFunction {
         } else {
             LiveContext::none(py)
         };
-        let signature = &path.cached.signature;
+        let signature = &path.entry.signature;
         if context.post_hook().is_some()
-            || !signature.is_positional_under(path.num_bound_args + rest.len(), &context)
+            || !is_positional_under(signature, path.num_bound_args + rest.len(), &context)
         {
             return Ok(None);
         }
-        let keys = &signature.leaves[path.leaves.len()..];
-        if keys.len() != rest.len() {
+        let Some(own) = path.own_keys(signature.leaves.len(), rest.len()) else {
             return Ok(None);
-        }
+        };
+        let keys = &signature.leaves[own];
         for (arg, key) in rest.iter().zip(keys) {
             let is_array = std::ptr::eq(arg.get_type_ptr(), h.arrays.array_impl.as_ptr().cast());
-            if !is_array || !key.is_key_of(h, &arg)? {
+            if !is_array || !is_key_of(key, h, &arg)? {
                 return Ok(None);
             }
         }
         self.stats.count(Counter::CacheHit);
-        path.cached.used.mark();
-        let mut inputs: Vec<Bound<'py, PyAny>> = Vec::with_capacity(keys.len() + rest.len());
+        path.entry.mark_used();
+        let mut inputs: Vec<Bound<'py, PyAny>> = Vec::with_capacity(path.leaves.len() + rest.len());
         inputs.extend(path.leaves.iter().map(|leaf| leaf.bind(py).clone()));
         inputs.extend(rest.iter());
         entry.run_arrays(h, &PyTuple::new(py, inputs)?).map(Some)
@@ -420,45 +380,16 @@ impl JitFunction {
 
     /// The function's own copy of `tree`, shared by the entries that have it.
     fn intern(&self, py: Python<'_>, tree: Tree) -> PyResult<Arc<Tree>> {
-        let known: Vec<Arc<Tree>> = lock(&self.trees)
-            .iter()
-            .filter(|t| t.hash == tree.hash)
-            .cloned()
-            .collect();
-        for candidate in known {
-            if candidate.same(py, &tree)? {
-                return Ok(candidate);
+        let known = lock(&self.trees).get(&tree.hash).cloned();
+        if let Some(known) = known {
+            if known.same(py, &tree)? {
+                return Ok(known);
             }
         }
         let tree = Arc::new(tree);
-        let dropped = {
-            let mut trees = lock(&self.trees);
-            trees.insert(0, tree.clone());
-            let keep = trees.len().min(TREES);
-            trees.split_off(keep)
-        };
-        drop(dropped);
+        let forgotten = lock(&self.trees).insert(tree.hash, tree.clone());
+        drop(forgotten);
         Ok(tree)
-    }
-
-    /// Puts `cached` first among the recent entries.
-    fn note_recent(&self, cached: &Arc<Cached>) {
-        let mut recent = lock(&self.recent);
-        if recent
-            .first()
-            .is_some_and(|first| Arc::ptr_eq(first, cached))
-        {
-            return;
-        }
-        if let Some(i) = recent.iter().position(|r| Arc::ptr_eq(r, cached)) {
-            recent[..=i].rotate_right(1);
-            return;
-        }
-        recent.insert(0, cached.clone());
-        let keep = recent.len().min(RECENT);
-        let dropped = recent.split_off(keep);
-        drop(recent);
-        drop(dropped);
     }
 
     /// For a function keyed by no jit key (a compiled foreign module): runs the latest entry
@@ -471,10 +402,10 @@ impl JitFunction {
         h: &Handles,
         args: &Bound<'py, PyTuple>,
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
-        let Some(latest) = lock(&self.recent).first().cloned() else {
+        let Some(latest) = self.cache.latest() else {
             return Ok(None);
         };
-        let Some(Outcome::Run(entry)) = latest.outcome.get() else {
+        let Some(Outcome::Run(entry)) = latest.outcome() else {
             return Ok(None);
         };
         let signature = &latest.signature;
@@ -502,56 +433,11 @@ impl JitFunction {
             let Some(LiveLeaf::Array { aval, sharding, .. }) = seen.read(h, position, &arg)? else {
                 return Ok(false);
             };
-            if !key.holds_array(&aval, &sharding)? {
+            if !holds_array(key, &aval, &sharding)? {
                 return Ok(false);
             }
         }
         Ok(true)
-    }
-
-    /// The recent entry whose signature `call` has, if any.
-    fn lookup_recent<'a>(
-        call: &LiveCall<'_, '_>,
-        recent: impl Iterator<Item = &'a Arc<Cached>>,
-    ) -> PyResult<Option<Arc<Cached>>> {
-        for cached in recent {
-            if Arc::ptr_eq(&cached.signature.tree, &call.tree) && cached.signature.matches(call)? {
-                return Ok(Some(cached.clone()));
-            }
-        }
-        Ok(None)
-    }
-
-    /// The cache entry whose signature `call` has, if any.
-    fn lookup(&self, call: &LiveCall<'_, '_>, hash: u64) -> PyResult<Option<Arc<Cached>>> {
-        // Comparing signatures may run Python (`__eq__`), so it happens outside the lock.
-        let candidates = lock(&self.cache).bucket(hash);
-        for cached in candidates {
-            if cached.signature.matches(call)? {
-                return Ok(Some(cached));
-            }
-        }
-        Ok(None)
-    }
-
-    /// Waits, without the GIL, until another thread's miss on `cached` is done.
-    fn wait(py: Python<'_>, cached: &Cached) -> Waited {
-        let me = thread::current().id();
-        match *lock(&cached.compiling) {
-            None => return Waited::Done,
-            Some(thread) if thread == me => return Waited::OwnMiss,
-            Some(_) => {}
-        }
-        py.detach(|| {
-            let mut compiling = lock(&cached.compiling);
-            while compiling.is_some() {
-                compiling = cached
-                    .done
-                    .wait(compiling)
-                    .unwrap_or_else(PoisonError::into_inner);
-            }
-        });
-        Waited::Done
     }
 
     /// Runs the cache miss of `call`, whose signature `signature` is then cached; returns the
@@ -566,27 +452,9 @@ impl JitFunction {
         kwargs: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         self.stats.count(Counter::CacheMiss);
-        let hash = signature.hash;
-        let cached = Arc::new(Cached {
-            signature,
-            used: UseStamp::now(),
-            outcome: OnceLock::new(),
-            compiling: Mutex::new(Some(thread::current().id())),
-            done: Condvar::new(),
-        });
-        let (at, evicted) = lock(&self.cache).insert(hash, cached.clone());
-        if let Some(evicted) = &evicted {
-            lock(&self.recent).retain(|r| !Arc::ptr_eq(r, evicted));
-        }
-        drop(evicted);
-        let result = self.miss_outcome(py, h, &cached, leaves, args, kwargs);
-        if result.is_err() {
-            let removed = lock(&self.cache).remove(at);
-            drop(removed);
-        } else {
-            self.note_recent(&cached);
-        }
-        cached.finish();
+        let miss = self.cache.begin_miss(signature.hash, signature);
+        let result = self.miss_outcome(py, h, &miss.entry, leaves, args, kwargs);
+        self.cache.end_miss(&miss, result.is_ok());
         result
     }
 
@@ -620,8 +488,7 @@ impl JitFunction {
                 Outcome::Run(Entry::new(py, h, fast.get(), &cached.signature, leaves)?)
             }
         };
-        // Only the thread that inserted the entry sets its outcome.
-        let _ = cached.outcome.set(outcome);
+        cached.set_outcome(outcome);
         Ok(miss.outputs.bind(py).clone())
     }
 }
@@ -634,11 +501,10 @@ impl DispatchCache {
 
     fn clear(&self) {
         self.generation.fetch_add(1, Ordering::Relaxed);
-        let entries = lock(&self.cache).drain();
-        let recent = std::mem::take(&mut *lock(&self.recent));
-        let trees = std::mem::take(&mut *lock(&self.trees));
+        let entries = self.cache.drain();
+        let trees = lock(&self.trees).clear();
         let seen = std::mem::take(&mut *lock(&self.seen));
-        drop((entries, recent, trees, seen));
+        drop((entries, trees, seen));
     }
 }
 
@@ -663,9 +529,8 @@ impl DispatchCache {
             },
             reasons: Reasons::of(kind),
             stats: FunctionStats::named(name),
-            cache: Mutex::new(LruBuckets::new(capacity)),
-            recent: Mutex::new(Vec::with_capacity(RECENT)),
-            trees: Mutex::new(Vec::new()),
+            cache: EntryCache::new(capacity),
+            trees: Mutex::new(BoundedMap::new(TREES)),
             seen: Mutex::new(SeenArrays::default()),
             keyed_by_context: context,
             delegation: Delegation::default(),
@@ -685,16 +550,15 @@ impl DispatchCache {
         }
         // What an entry holds that may lead back to a function: the caller's objects (static
         // arguments, dict keys, pytree node types and data) and the output tree.
-        if let Ok(cache) = self.cache.try_lock() {
-            for cached in cache.values() {
-                cached.signature.traverse(&visit)?;
-                if let Some(Outcome::Run(entry)) = cached.outcome.get() {
-                    entry.traverse(&visit)?;
-                }
+        self.cache.try_for_each(|cached| {
+            signature::traverse(&cached.signature, &visit)?;
+            if let Some(Outcome::Run(entry)) = cached.outcome() {
+                entry.traverse(&visit)?;
             }
-        }
+            Ok(())
+        })?;
         if let Ok(trees) = self.trees.try_lock() {
-            for tree in trees.iter() {
+            for tree in trees.values() {
                 tree.traverse(&visit)?;
             }
         }
@@ -772,22 +636,17 @@ impl JitFunction {
             }
             LiveContext::none(py)
         };
-        let latest = lock(&this.recent).first().cloned();
+        let latest = this.cache.latest();
         let mut call = LiveCall::split(&this.statics, args, kwargs, context)?;
         if let Err(why) =
             this.with_seen(|seen| this.flatten(py, h, &mut call, latest.as_ref(), seen))?
         {
             return this.to_jax(py, this.reasons.unkeyable(why), args, kwargs);
         }
-        let mut found = Self::lookup_recent(&call, latest.iter())?;
-        if found.is_none() {
-            // Held out of the lock, which comparing signatures (Python) must not hold.
-            let mut others: [Option<Arc<Cached>>; RECENT - 1] = Default::default();
-            for (slot, cached) in others.iter_mut().zip(lock(&this.recent).iter().skip(1)) {
-                *slot = Some(cached.clone());
-            }
-            found = Self::lookup_recent(&call, others.iter().flatten())?;
-        }
+        // A recent entry is compared only where the call was flattened against its tree.
+        let mut found = this.cache.probe_recent(latest.as_ref(), |signature| {
+            Ok::<_, PyErr>(Arc::ptr_eq(&signature.tree, &call.tree) && matches(signature, &call)?)
+        })?;
         loop {
             let cached = if let Some(cached) = found.take() {
                 cached
@@ -796,25 +655,20 @@ impl JitFunction {
                     Ok(hash) => hash,
                     Err(why) => return this.to_jax(py, this.reasons.unkeyable(why), args, kwargs),
                 };
-                if let Some(cached) = this.lookup(&call, hash)? {
+                if let Some(cached) = this.cache.lookup(hash, |s| matches(s, &call))? {
                     cached
                 } else {
-                    let Some(signature) = CallSignature::keep(&call, hash)? else {
+                    let Some(signature) = signature::keep(&call, hash)? else {
                         let reason = this.reasons.unkeyable(Unkeyable::Leaf);
                         return this.to_jax(py, reason, args, kwargs);
                     };
                     return this.run_miss(py, h, signature, call.leaves(), args, kwargs);
                 }
             };
-            match cached.outcome.get() {
+            match cached.outcome() {
                 Some(Outcome::Run(entry)) => {
                     this.stats.count(Counter::CacheHit);
-                    // The latest entry is the most recently used already: neither its stamp
-                    // nor the list of recent entries needs writing.
-                    if !latest.as_ref().is_some_and(|l| Arc::ptr_eq(l, &cached)) {
-                        cached.used.mark();
-                        this.note_recent(&cached);
-                    }
+                    this.cache.hit(&cached, latest.as_ref());
                     let mut took = Took::default();
                     let out = match entry.run(py, h, &call, &mut took) {
                         Err(err) if err.is_instance_of::<PyOverflowError>(py) => {
@@ -837,9 +691,10 @@ impl JitFunction {
                     return Ok(out);
                 }
                 Some(Outcome::Jax(reason)) => return this.to_jax(py, reason, args, kwargs),
-                None => match Self::wait(py, &cached) {
-                    Waited::Done => {}
-                    Waited::OwnMiss => {
+                None => match cached.miss_state() {
+                    MissState::Done => {}
+                    MissState::Elsewhere => py.detach(|| cached.wait_for_miss()),
+                    MissState::OwnMiss => {
                         return this.to_jax(py, &this.reasons.recursion, args, kwargs);
                     }
                 },
@@ -850,15 +705,15 @@ impl JitFunction {
     /// The number of executables cached.
     #[pyo3(name = "_cache_size")]
     fn cache_size(&self) -> usize {
-        lock(&self.cache).len()
+        self.cache.len()
     }
 
     /// The host values that the latest call's cache entry places: `(position among the call's
     /// leaves, input sharding)`.
     #[pyo3(name = "_latest_host_targets")]
     fn latest_host_targets(&self, py: Python<'_>) -> Vec<(usize, Py<PyAny>)> {
-        let latest = lock(&self.recent).first().cloned();
-        match latest.as_ref().and_then(|cached| cached.outcome.get()) {
+        let latest = self.cache.latest();
+        match latest.as_ref().and_then(|cached| cached.outcome()) {
             Some(Outcome::Run(entry)) => entry.host_targets(py),
             _ => Vec::new(),
         }

@@ -4,27 +4,26 @@
 //! dynamic arguments; each leaf's signature (see `leaf`); and JAX's jit key (see `context`).
 //!
 //! A call is read into a `LiveCall`, which borrows the call's objects; a cache entry keeps a
-//! `CallSignature`, which holds every object it compares. A hit compares the two without
-//! building a signature: by identity first, by value only where identity differs.
+//! `CallSignature` (the core's plain data, with handles to the objects it compares). A hit
+//! compares the two without building a signature: by identity first, by value only where
+//! identity differs.
 
 use std::borrow::Cow;
-use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
+use fastpjit_core::dispatch::{self, ArgSignature, SignatureHasher};
+
 use numpy::{PyUntypedArray, PyUntypedArrayMethods};
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::PyTypeError;
 use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString, PyTuple};
 use pyo3::PyTraverseError;
-use rustc_hash::FxHasher;
 
 use super::context::{Context, LiveContext};
-use super::leaf::{
-    array_hashes, aval_value, host_shape, sharding_id, AvalValue, DtypeKey, HostKind, LiveLeaf,
-    ScalarKind, ShardingId,
-};
+use super::leaf::{array_hashes, aval_value, host_shape, sharding_id, LiveLeaf};
 use super::tree::Tree;
+use crate::errors::DispatchError;
 use crate::handles::Handles;
 
 /// Which arguments are static, as the jitted function declares them.
@@ -157,34 +156,30 @@ impl<'a, 'py> LiveCall<'a, 'py> {
 
     /// The hash that the signature of this call has, or why the call has no signature.
     pub fn hash(&self) -> PyResult<Result<u64, Unkeyable>> {
-        let mut hasher = FxHasher::default();
-        (self.num_args, self.kwnames.len(), self.static_names.len()).hash(&mut hasher);
+        let mut hasher =
+            SignatureHasher::new(self.num_args, self.kwnames.len(), self.static_names.len());
         for name in self.kwnames.iter().chain(&self.static_names) {
-            name.hash()?.hash(&mut hasher);
+            hasher.object(name.hash()?);
         }
         for value in &self.statics {
             match value.hash() {
-                Ok(hash) => hash.hash(&mut hasher),
+                Ok(hash) => hasher.object(hash),
                 Err(err) if err.is_instance_of::<PyTypeError>(value.py()) => {
                     return Ok(Err(Unkeyable::UnhashableStatic));
                 }
                 Err(err) => return Err(err),
             }
         }
-        self.tree.hash.hash(&mut hasher);
+        hasher.tree(self.tree.hash);
         let Some(arrays) = array_hashes(&self.keys)? else {
             return Ok(Err(Unkeyable::Leaf));
         };
         for ((leaf, key), (aval_hash, sharding)) in self.leaves().iter().zip(&self.keys).zip(arrays)
         {
             match key {
-                LiveLeaf::Array { committed, .. } => {
-                    (0u8, aval_hash, sharding, committed).hash(&mut hasher);
-                }
-                LiveLeaf::Host { dtype, kind, .. } => {
-                    (1u8, dtype, kind, host_shape(leaf)).hash(&mut hasher);
-                }
-                LiveLeaf::Scalar(kind) => (2u8, kind).hash(&mut hasher),
+                LiveLeaf::Array { committed, .. } => hasher.array(aval_hash, sharding, *committed),
+                LiveLeaf::Host { dtype, kind, .. } => hasher.host(*dtype, *kind, host_shape(leaf)),
+                LiveLeaf::Scalar(kind) => hasher.scalar(*kind),
             }
         }
         Ok(Ok(hasher.finish()))
@@ -217,185 +212,155 @@ fn same_static(a: &Bound<'_, PyAny>, b: &Bound<'_, PyAny>) -> PyResult<bool> {
                 .str()
                 .map_or_else(|_| "?".to_owned(), |s| s.to_string())
         };
-        PyValueError::new_err(format!(
-            "static arguments should be comparable using __eq__.The following error was raised \
-             when comparing two objects of types {} and {}. The error was:\n{err}",
-            type_name(a),
-            type_name(b)
-        ))
+        DispatchError::StaticComparison {
+            types: (type_name(a), type_name(b)),
+            error: err.to_string(),
+        }
+        .into()
     })
 }
 
 /// A leaf's part of a kept signature.
-pub enum LeafKey {
-    Array {
-        aval: Py<PyAny>,
-        value: Arc<AvalValue>,
-        sharding: Py<PyAny>,
-        sharding_id: ShardingId,
-        committed: bool,
-    },
-    Host {
-        dtype: DtypeKey,
-        kind: HostKind,
-        shape: Box<[usize]>,
-    },
-    Scalar(ScalarKind),
-}
-
-impl LeafKey {
-    /// Whether `array`, a `jax.Array`, has this key: its aval, sharding and commitment.
-    pub fn is_key_of(&self, h: &Handles, array: &Bound<'_, PyAny>) -> PyResult<bool> {
-        let LeafKey::Array { committed, .. } = self else {
-            return Ok(false);
-        };
-        let py = array.py();
-        let aval = h.arrays.array_aval.bind(py).call1((array,))?;
-        let sharding = h.arrays.array_sharding.bind(py).call1((array,))?;
-        Ok(self.holds_array(&aval, &sharding)?
-            && h.array_committed.bind(py).call1((array,))?.is_truthy()? == *committed)
-    }
-
-    /// Whether this is the key of an array of `aval` and `sharding` (commitment aside):
-    /// compared by identity first, by value on a miss.
-    pub fn holds_array(
-        &self,
-        live_aval: &Bound<'_, PyAny>,
-        live_sharding: &Bound<'_, PyAny>,
-    ) -> PyResult<bool> {
-        let LeafKey::Array {
-            aval,
-            value,
-            sharding,
-            sharding_id: id,
-            ..
-        } = self
-        else {
-            return Ok(false);
-        };
-        Ok((aval.is(live_aval)
-            || aval_value(live_aval)?.is_some_and(|live| live.as_ref() == value.as_ref()))
-            && (sharding.is(live_sharding) || sharding_id(live_sharding)? == *id))
-    }
-}
+pub type LeafKey = ArgSignature<Py<PyAny>>;
 
 /// The signature that a cache entry keeps.
-pub struct CallSignature {
-    pub hash: u64,
-    num_args: usize,
-    kwnames: Vec<Py<PyString>>,
-    statics: Vec<Py<PyAny>>,
-    static_names: Vec<Py<PyString>>,
-    pub tree: Arc<Tree>,
-    pub leaves: Vec<LeafKey>,
-    context: Context,
-    /// Whether the call was arrays alone, passed by position, with no static arguments.
-    pub positional_arrays: bool,
+pub type CallSignature = dispatch::CallSignature<Py<PyAny>, Tree, Context>;
+
+/// Whether `array`, a `jax.Array`, has the key `key`: its aval, sharding and commitment.
+pub fn is_key_of(key: &LeafKey, h: &Handles, array: &Bound<'_, PyAny>) -> PyResult<bool> {
+    let LeafKey::Array { committed, .. } = key else {
+        return Ok(false);
+    };
+    let py = array.py();
+    let aval = h.arrays.array_aval.bind(py).call1((array,))?;
+    let sharding = h.arrays.array_sharding.bind(py).call1((array,))?;
+    Ok(holds_array(key, &aval, &sharding)?
+        && h.array_committed.bind(py).call1((array,))?.is_truthy()? == *committed)
 }
 
-impl CallSignature {
-    /// The signature of `call`, whose hash is `hash`; None if a leaf's aval is not one the
-    /// key holds.
-    pub fn keep(call: &LiveCall<'_, '_>, hash: u64) -> PyResult<Option<Self>> {
-        let mut leaves = Vec::with_capacity(call.keys.len());
-        for (leaf, key) in call.leaves().iter().zip(&call.keys) {
-            leaves.push(match key {
-                LiveLeaf::Array {
-                    aval,
-                    sharding,
-                    committed,
-                } => {
-                    let Some(value) = aval_value(aval)? else {
-                        return Ok(None);
-                    };
-                    LeafKey::Array {
-                        aval: aval.clone().unbind(),
-                        value,
-                        sharding: sharding.clone().unbind(),
-                        sharding_id: sharding_id(sharding)?,
-                        committed: *committed,
-                    }
+/// Whether `key` is the key of an array of `aval` and `sharding` (commitment aside):
+/// compared by identity first, by value on a miss.
+pub fn holds_array(
+    key: &LeafKey,
+    live_aval: &Bound<'_, PyAny>,
+    live_sharding: &Bound<'_, PyAny>,
+) -> PyResult<bool> {
+    let LeafKey::Array {
+        aval,
+        value,
+        sharding,
+        sharding_id: id,
+        ..
+    } = key
+    else {
+        return Ok(false);
+    };
+    Ok((aval.is(live_aval)
+        || aval_value(live_aval)?.is_some_and(|live| live.as_ref() == value.as_ref()))
+        && (sharding.is(live_sharding) || sharding_id(live_sharding)? == *id))
+}
+
+/// The signature of `call`, whose hash is `hash`; None if a leaf's aval is not one the key
+/// holds.
+pub fn keep(call: &LiveCall<'_, '_>, hash: u64) -> PyResult<Option<CallSignature>> {
+    let mut leaves = Vec::with_capacity(call.keys.len());
+    for (leaf, key) in call.leaves().iter().zip(&call.keys) {
+        leaves.push(match key {
+            LiveLeaf::Array {
+                aval,
+                sharding,
+                committed,
+            } => {
+                let Some(value) = aval_value(aval)? else {
+                    return Ok(None);
+                };
+                LeafKey::Array {
+                    aval: aval.clone().unbind(),
+                    value,
+                    sharding: sharding.clone().unbind(),
+                    sharding_id: sharding_id(sharding)?,
+                    committed: *committed,
                 }
-                LiveLeaf::Host { dtype, kind, .. } => LeafKey::Host {
-                    dtype: *dtype,
-                    kind: *kind,
-                    shape: host_shape(leaf).into(),
-                },
-                LiveLeaf::Scalar(kind) => LeafKey::Scalar(*kind),
-            });
-        }
-        let unbind_all = |v: &[Bound<'_, PyString>]| v.iter().map(|n| n.clone().unbind()).collect();
-        let positional_arrays = call.tree.flat
-            && call.kwnames.is_empty()
-            && call.statics.is_empty()
-            && leaves.len() == call.num_args
-            && leaves.iter().all(|l| matches!(l, LeafKey::Array { .. }));
-        Ok(Some(Self {
-            positional_arrays,
-            hash,
-            num_args: call.num_args,
-            kwnames: unbind_all(&call.kwnames),
-            statics: call.statics.iter().map(|s| s.clone().unbind()).collect(),
-            static_names: unbind_all(&call.static_names),
-            tree: Arc::clone(&call.tree),
-            leaves,
-            context: call.context.keep(),
-        }))
-    }
-
-    /// Whether `call` has this signature. Raises JAX's error where comparing static
-    /// arguments raises.
-    /// Whether this is the signature of a call of `num_args` positional arguments, no keyword
-    /// or static ones, under the jit key `context`.
-    pub fn is_positional_under(&self, num_args: usize, context: &LiveContext<'_>) -> bool {
-        self.num_args == num_args
-            && self.kwnames.is_empty()
-            && self.statics.is_empty()
-            && self.static_names.is_empty()
-            && context.is(&self.context)
-    }
-
-    pub fn matches(&self, call: &LiveCall<'_, '_>) -> PyResult<bool> {
-        let py = call.context.py();
-        if self.num_args != call.num_args
-            || self.leaves.len() != call.keys.len()
-            || !same_names(&self.kwnames, &call.kwnames)
-            || !same_names(&self.static_names, &call.static_names)
-            || self.statics.len() != call.statics.len()
-        {
-            return Ok(false);
-        }
-        if !(Arc::ptr_eq(&self.tree, &call.tree) || self.tree.same(py, &call.tree)?) {
-            return Ok(false);
-        }
-        for ((kept, key), leaf) in self.leaves.iter().zip(&call.keys).zip(call.leaves()) {
-            if !same_leaf(kept, key, leaf)? {
-                return Ok(false);
             }
-        }
-        for (kept, value) in self.statics.iter().zip(&call.statics) {
-            if !same_static(kept.bind(py), value)? {
-                return Ok(false);
-            }
-        }
-        Ok(call.context.is(&self.context))
+            LiveLeaf::Host { dtype, kind, .. } => LeafKey::Host {
+                dtype: *dtype,
+                kind: *kind,
+                shape: host_shape(leaf).into(),
+            },
+            LiveLeaf::Scalar(kind) => LeafKey::Scalar(*kind),
+        });
     }
-
-    /// Visits the caller's objects held: static arguments and the tree's.
-    pub fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
-        for value in &self.statics {
-            visit.call(value)?;
-        }
-        self.tree.traverse(visit)
-    }
+    let unbind_all = |v: &[Bound<'_, PyAny>]| v.iter().map(|n| n.clone().unbind()).collect();
+    let names =
+        |v: &[Bound<'_, PyString>]| v.iter().map(|n| n.clone().into_any().unbind()).collect();
+    Ok(Some(CallSignature::new(
+        hash,
+        call.num_args,
+        names(&call.kwnames),
+        unbind_all(&call.statics),
+        names(&call.static_names),
+        Arc::clone(&call.tree),
+        call.tree.flat,
+        leaves,
+        call.context.keep(),
+    )))
 }
 
-fn same_names(kept: &[Py<PyString>], names: &[Bound<'_, PyString>]) -> bool {
+/// Whether `signature` is that of a call of `num_args` positional arguments, no keyword or
+/// static ones, under the jit key `context`.
+pub fn is_positional_under(
+    signature: &CallSignature,
+    num_args: usize,
+    context: &LiveContext<'_>,
+) -> bool {
+    signature.is_positional(num_args) && context.is(&signature.context)
+}
+
+/// Whether `call` has `signature`. Raises JAX's error where comparing static arguments
+/// raises.
+pub fn matches(signature: &CallSignature, call: &LiveCall<'_, '_>) -> PyResult<bool> {
+    let py = call.context.py();
+    if !signature.has_counts(
+        call.num_args,
+        call.keys.len(),
+        call.kwnames.len(),
+        call.statics.len(),
+        call.static_names.len(),
+    ) || !same_names(&signature.kwnames, &call.kwnames)
+        || !same_names(&signature.static_names, &call.static_names)
+    {
+        return Ok(false);
+    }
+    if !(Arc::ptr_eq(&signature.tree, &call.tree) || signature.tree.same(py, &call.tree)?) {
+        return Ok(false);
+    }
+    for ((kept, key), leaf) in signature.leaves.iter().zip(&call.keys).zip(call.leaves()) {
+        if !same_leaf(kept, key, leaf)? {
+            return Ok(false);
+        }
+    }
+    for (kept, value) in signature.statics.iter().zip(&call.statics) {
+        if !same_static(kept.bind(py), value)? {
+            return Ok(false);
+        }
+    }
+    Ok(call.context.is(&signature.context))
+}
+
+/// Visits the caller's objects that `signature` holds: static arguments and the tree's.
+pub fn traverse(signature: &CallSignature, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+    for value in &signature.statics {
+        visit.call(value)?;
+    }
+    signature.tree.traverse(visit)
+}
+
+fn same_names(kept: &[Py<PyAny>], names: &[Bound<'_, PyString>]) -> bool {
     kept.len() == names.len()
         && kept
             .iter()
             .zip(names)
-            .all(|(a, b)| a.is(b) || a.bind(b.py()).as_any().eq(b).unwrap_or(false))
+            .all(|(a, b)| a.is(b) || a.bind(b.py()).eq(b).unwrap_or(false))
 }
 
 fn same_leaf(kept: &LeafKey, key: &LiveLeaf<'_>, leaf: &Bound<'_, PyAny>) -> PyResult<bool> {
@@ -407,7 +372,7 @@ fn same_leaf(kept: &LeafKey, key: &LiveLeaf<'_>, leaf: &Bound<'_, PyAny>) -> PyR
                 sharding: live_sharding,
                 committed: live_committed,
             },
-        ) => committed == live_committed && kept.holds_array(live_aval, live_sharding)?,
+        ) => committed == live_committed && holds_array(kept, live_aval, live_sharding)?,
         (
             LeafKey::Host { dtype, kind, shape },
             LiveLeaf::Host {

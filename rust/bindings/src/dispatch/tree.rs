@@ -11,7 +11,6 @@
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, LazyLock};
 
-use pyo3::exceptions::PyRuntimeError;
 use pyo3::ffi;
 use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
@@ -21,6 +20,7 @@ use rustc_hash::{FxHashMap, FxHasher};
 
 use super::signature::Unkeyable;
 use crate::cache::BoundedCache;
+use crate::errors::DispatchError;
 use crate::handles::{names, Handles};
 
 /// How deeply containers may nest in a tree read here. Reading a tree recurses, as do
@@ -526,9 +526,10 @@ fn build<'py>(
             }
             Ok(dict.into_any())
         }
-        Node::Dataclass { .. } | Node::Registered { .. } => Err(PyRuntimeError::new_err(
-            "the output tree has a node that is not builtin",
-        )),
+        Node::Dataclass { .. } | Node::Registered { .. } => Err(DispatchError::OutputTree(
+            "the output tree has a node that is not builtin".to_owned(),
+        )
+        .into()),
     }
 }
 
@@ -582,7 +583,7 @@ fn ssize(n: usize) -> ffi::Py_ssize_t {
 
 /// The executable's outputs are not the leaves of its output tree (which jaxlib rules out).
 fn unfilled(count: usize) -> PyErr {
-    PyRuntimeError::new_err(format!("{count} outputs do not fill the output tree"))
+    DispatchError::OutputTree(format!("{count} outputs do not fill the output tree")).into()
 }
 
 /// `value` taken apart one level by JAX's registry: its children and node data; None for a
