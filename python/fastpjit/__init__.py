@@ -23,7 +23,7 @@ from fastpjit.errors import (
     RecompileError,
     ShardingRankError,
 )
-from fastpjit.explain import no_recompiles
+from fastpjit.explain import explain, no_recompiles
 from fastpjit.hlo import compile_hlo
 from fastpjit.install import install, installed, uninstall
 from fastpjit.jit import jit, pjit
@@ -58,6 +58,7 @@ __all__ = [
     "device_put",
     "device_replica_id_map",
     "devices_indices_map",
+    "explain",
     "indices_array",
     "install",
     "installed",

@@ -16,7 +16,15 @@ from typing import Any
 from fastpjit import _core
 from fastpjit.errors import RecompileError
 
-__all__ = ["Difference", "leaf_rows", "nearest_differences", "no_recompiles", "recompiles_allowed"]
+__all__ = [
+    "Difference",
+    "Explanation",
+    "explain",
+    "leaf_rows",
+    "nearest_differences",
+    "no_recompiles",
+    "recompiles_allowed",
+]
 
 # -- Signatures as rows -----------------------------------------------------------------------
 
@@ -271,20 +279,189 @@ def check_recompile(name: str, log: Any, args: tuple[Any, ...], kwargs: dict[str
 
 
 def miss_report(name: str, log: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-    """A miss in words: the call's signature, and what differs from the nearest cached."""
+    """A miss in words: `explain`'s report of it."""
+    return str(_explanation(name, "", log, args, kwargs, {"outcome": "miss"}))
+
+
+# -- explain ----------------------------------------------------------------------------------
+
+# What each input kind of a cache entry (the core's `plan::Input`) does with an argument.
+_INPUT_WORDS = {
+    "pass": "passed as it is",
+    "copy": "copied to the executable's devices (a copy kept for the same array again)",
+    "move": "moved to the executable's sharding by JAX",
+    "host": "placed from the host (a kept device copy where the value repeats)",
+    "dropped": "not an input of the executable (unused)",
+    "rewrap": "viewed as this process's part of a global array",
+    "process_local": "placed as this process's part of a global array",
+}
+_PATH_WORDS = {
+    "recent": "a repeat of a recent call (the recent-entry probe)",
+    "keyed": "found by its signature's hash",
+    "bound": "the bound path (the bound arguments' leaves taken as they were)",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Explanation:
+    """How fastpjit would serve a call, without running it (`fastpjit.explain`).
+
+    `outcome` is "hit", "miss" or "fallback"; `path` how a hit is found ("recent", "keyed",
+    "bound"); `reason` why JAX runs a fallback. `signature` maps each leaf's path to its
+    description; on a miss, `differences` says what differs from the nearest cached signature
+    (None when nothing is cached). For a hit, `inputs` says how each flat argument becomes an
+    executable input, and `in_shardings` / `out_shardings` are the executable's."""
+
+    function: str
+    kind: str
+    outcome: str
+    path: str | None
+    reason: str | None
+    signature: dict[str, str]
+    differences: tuple[Difference, ...] | None
+    inputs: dict[str, str] | None
+    in_shardings: tuple[Any, ...] | None
+    out_shardings: tuple[Any, ...] | None
+    note: str | None = None
+
+    def __str__(self) -> str:
+        kind = f" ({self.kind})" if self.kind else ""
+        if self.outcome == "hit":
+            head = f"a cache hit, {_PATH_WORDS.get(self.path or '', self.path)}"
+        elif self.outcome == "miss":
+            head = "a cache miss: this call would trace and compile"
+        else:
+            head = f"a fallback to JAX: {self.reason}"
+        lines = [f"{self.function}{kind}: {head}."]
+        if self.note:
+            lines.append(self.note)
+        if self.outcome == "miss" and self.reason:
+            lines.append(f"({self.reason})")
+        if self.differences is not None:
+            if self.differences:
+                lines.append("It differs from the nearest cached signature in:")
+                lines.extend(f"  {d}" for d in self.differences)
+            else:
+                lines.append(
+                    "The nearest cached signature shows no difference in what a record "
+                    "holds (another cause: an evicted entry, an equal but other value)."
+                )
+        elif self.outcome == "miss":
+            lines.append("Nothing is cached for this function yet.")
+        lines.append("Signature:")
+        lines.extend(f"  {path}: {text}" for path, text in self.signature.items())
+        if self.inputs is not None:
+            lines.append("Inputs:")
+            lines.extend(f"  {path}: {how}" for path, how in self.inputs.items())
+        for name, shardings in (
+            ("Input shardings", self.in_shardings),
+            ("Output shardings", self.out_shardings),
+        ):
+            if shardings:
+                lines.append(f"{name}:")
+                lines.extend(f"  {i}: {s}" for i, s in enumerate(shardings))
+        return "\n".join(lines)
+
+
+def leaf_paths(signature: dict[str, Any]) -> list[str]:
+    """The paths of a signature's flat dynamic leaves, in JAX's order (positional arguments,
+    then keyword arguments by name)."""
+    return [
+        path
+        for path, leaf in _leaves(signature).items()
+        if "static" not in leaf and "container" not in leaf
+    ]
+
+
+def _explanation(
+    name: str,
+    kind: str,
+    log: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    probe: dict[str, Any],
+    note: str | None = None,
+) -> Explanation:
     from fastpjit.warm_start import Unrecordable
 
     try:
-        call = log.describe(args, kwargs)
+        call: dict[str, Any] | None = log.describe(args, kwargs)
     except Unrecordable as why:
-        return f"{name}: this call would compile; its signature cannot be described ({why})"
-    lines = [f"{name}: this call misses the cache and would trace and compile."]
-    differences = nearest_differences(call, log.signatures())
-    if differences is None:
-        lines.append("Nothing is cached for this function yet.")
+        call = None
+        rows = {"(call)": f"cannot be described: {why}"}
     else:
-        lines.append("It differs from the nearest cached signature in:")
-        lines.extend(f"  {d}" for d in differences)
-    lines.append("Its signature:")
-    lines.extend(f"  {path}: {text}" for path, text in leaf_rows(call).items())
-    return "\n".join(lines)
+        rows = leaf_rows(call)
+    outcome = probe["outcome"]
+    differences = None
+    if outcome == "miss" and call is not None:
+        found = nearest_differences(call, log.signatures())
+        differences = None if found is None else tuple(found)
+    inputs = None
+    if outcome == "hit" and "inputs" in probe:
+        paths = leaf_paths(call) if call is not None else []
+        kinds = probe["inputs"]
+        if len(paths) != len(kinds):
+            paths = [f"leaf {i}" for i in range(len(kinds))]
+        inputs = {p: _INPUT_WORDS.get(k, k) for p, k in zip(paths, kinds, strict=True)}
+    return Explanation(
+        function=name,
+        kind=kind,
+        outcome=outcome,
+        path=probe.get("path"),
+        reason=probe.get("reason"),
+        signature=rows,
+        differences=differences,
+        inputs=inputs,
+        in_shardings=tuple(probe["in_shardings"]) if "in_shardings" in probe else None,
+        out_shardings=tuple(probe["out_shardings"]) if "out_shardings" in probe else None,
+        note=note,
+    )
+
+
+def explain(f: Any, /, *args: Any, **kwargs: Any) -> Explanation:
+    """How `f(*args, **kwargs)` would be served, without running it: a hit (and how it is
+    found), a miss (and what differs from the nearest cached signature) or a fallback to JAX
+    (and why); the call's signature leaf by leaf; for a hit, how each argument becomes an
+    input, and the executable's input and output shardings. `f` is a fastpjit jit, pjit, pmap,
+    AOT-compiled, compile_hlo or bound function; for a `jax.jit` function, it explains what
+    `fastpjit.jit` of the same function and options would do."""
+    from fastpjit._jax import jit_options
+    from fastpjit.bind import Bound
+    from fastpjit.hlo import HloFunction
+    from fastpjit.jit import Compiled, JitWrapped, _PjitWrapped, jit
+    from fastpjit.pmap import PmapWrapped
+
+    note = None
+    if jit_options.is_jax_jit(f):
+        fun, options = jit_options.jit_function_and_options(f)
+        f = jit(fun, **options)
+        note = "(a jax.jit function: this is what fastpjit.jit of it with its options does)"
+    bound = isinstance(f, Bound)
+    target = f._function if bound else f
+    kinds = (
+        (_PjitWrapped, "pjit"),
+        (JitWrapped, "jit"),
+        (PmapWrapped, "pmap"),
+        (Compiled, "compiled"),
+        (HloFunction, "compile_hlo"),
+    )
+    kind = next((k for cls, k in kinds if isinstance(target, cls)), None)
+    if kind is None:
+        raise TypeError(
+            f"explain expects a fastpjit function (jit, pjit, pmap, AOT-compiled, "
+            f"compile_hlo or bound) or a jax.jit function, got "
+            f"{type(f).__qualname__}: {f!r}"
+        )
+    if bound:
+        kind = f"bound {kind}"
+        merged = dict(f._kwargs)
+        for key, value in kwargs.items():
+            if key in merged:
+                raise TypeError(f"explain: keyword argument {key!r} is bound already")
+            merged[key] = value
+        args, kwargs = (*f._args, *args), merged
+    probe = target._probe(*args, **kwargs)
+    if bound and probe["outcome"] == "hit" and f._on_bound_path and not kwargs:
+        probe["path"] = "bound"
+    name = getattr(target, "__qualname__", None) or getattr(target, "__name__", repr(target))
+    return _explanation(str(name), kind, target._signature_log, args, kwargs, probe, note)

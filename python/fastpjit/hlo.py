@@ -193,6 +193,7 @@ class _Program:
             kept=[True] * len(shardings),
             const_args=[],
             donated=self.donated,
+            out_shardings=list(self.out_shardings),
         )
         return _core.CacheMiss(outputs, fast_path, compiles=0, jax_reason=None)
 

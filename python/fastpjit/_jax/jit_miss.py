@@ -266,6 +266,7 @@ def _fast_path(fast: Any, donated: Sequence[bool]) -> Any:
         kept=[bool(k) for k in fast.kept_var_bitvec],
         const_args=list(fast.const_args),
         donated=[bool(d) for d in donated],
+        out_shardings=list(fast.out_shardings),
     )
 
 

@@ -230,6 +230,7 @@ pub fn indexed_devices<'py>(
     Ok((map, out))
 }
 
+// SAFETY: the declaration matches CPython's `PyObject *_PyDict_NewPresized(Py_ssize_t)`.
 unsafe extern "C" {
     /// The interpreter's `_PyDict_NewPresized`: private API, so pyo3-ffi leaves it out, but
     /// exported by every version we support (3.13 restored it after a removal, for the many

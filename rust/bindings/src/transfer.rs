@@ -440,6 +440,8 @@ fn stage<'py>(
         .map(|buffer| {
             let buffer = buffer.cast::<PyUntypedArray>()?;
             let len = buffer.len() * itemsize;
+            // SAFETY: a fresh C-ordered buffer of the shard's shape holds `len` bytes at its
+            // data pointer, which no other reference reads or writes during the copies.
             Ok(unsafe {
                 std::slice::from_raw_parts_mut(
                     (*buffer.as_array_ptr()).fields.data.cast::<u8>(),
@@ -489,6 +491,7 @@ fn aligned_empty<'py>(
         .empty
         .bind(py)
         .call1((nbytes + ADOPT_ALIGN, names(py).uint8.bind(py)))?;
+    // SAFETY: reading the data pointer of a live numpy array (only its address is used).
     let address = unsafe { (*raw.cast::<PyUntypedArray>()?.as_array_ptr()).fields.data } as usize;
     let offset = (ADOPT_ALIGN - address % ADOPT_ALIGN) % ADOPT_ALIGN;
     let bytes = raw.get_item(PySlice::new(
@@ -704,6 +707,7 @@ fn assemble_shards<'py>(
         .map(|(shard, bounds)| {
             let (src, view) = match shard {
                 ShardBytes::Lent(buffer) => buffer.bytes(),
+                // SAFETY: `shards` keeps the viewed arrays alive until the copies finish.
                 ShardBytes::Viewed(view) => unsafe { array_bytes(view) },
             };
             Placement {
@@ -713,6 +717,7 @@ fn assemble_shards<'py>(
             }
         })
         .collect::<Vec<_>>();
+    // SAFETY: `out` is a fresh C-ordered array of `nbytes` bytes that nothing else references.
     let dst = unsafe {
         std::slice::from_raw_parts_mut((*out.as_array_ptr()).fields.data.cast::<u8>(), nbytes)
     };

@@ -190,6 +190,15 @@ impl BoundFunction {
         Ok(out)
     }
 
+    /// Whether calls take the bound path: one was learned since the cache was last cleared
+    /// (for `fastpjit.explain`; a call of other avals still leaves it for the dispatcher).
+    #[getter(_on_bound_path)]
+    fn on_bound_path(&self, py: Python<'_>) -> bool {
+        let path = self.path.lock().unwrap_or_else(PoisonError::into_inner);
+        path.as_ref()
+            .is_some_and(|path| self.function.bind(py).get().is_current(path))
+    }
+
     /// The function whose arguments are bound.
     #[getter(_function)]
     fn function(&self, py: Python<'_>) -> Py<JitFunction> {

@@ -12,7 +12,7 @@ use numpy::npyffi::{NPY_ORDER, PY_ARRAY_API};
 use numpy::{PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyComplex, PyFloat, PyInt, PyList, PyTuple, PyWeakrefReference};
+use pyo3::types::{PyBool, PyComplex, PyDict, PyFloat, PyInt, PyList, PyTuple, PyWeakrefReference};
 use pyo3::PyTraverseError;
 
 use super::leaf::{refers_to, HostKind, LiveLeaf, ScalarKind};
@@ -113,6 +113,10 @@ pub struct Entry {
     plan: Plan,
     /// For a pmap across processes: the local aval and sharding each output leaf becomes.
     out_local: Option<Vec<Option<Conversion>>>,
+    /// The executable's input shardings (constants first) and output shardings (where the
+    /// miss gave them), which `fastpjit.explain` reports.
+    in_shardings: Vec<Py<PyAny>>,
+    out_shardings: Vec<Py<PyAny>>,
 }
 
 impl Entry {
@@ -206,7 +210,21 @@ impl Entry {
                     .map(|o| o.as_ref().map(|(a, s)| (a.clone_ref(py), s.clone_ref(py))))
                     .collect()
             }),
+            in_shardings: fast.in_shardings.iter().map(|s| s.clone_ref(py)).collect(),
+            out_shardings: fast.out_shardings.iter().map(|s| s.clone_ref(py)).collect(),
         })
+    }
+
+    /// What `fastpjit.explain` reports of this entry: how each flat argument becomes an input
+    /// (the core's kinds: `pass`, `copy`, `move`, `host`, `dropped`, ...), and the
+    /// executable's input and output shardings.
+    pub fn report<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let out = PyDict::new(py);
+        let kinds: Vec<&str> = self.plan.inputs.iter().map(plan::Input::kind).collect();
+        out.set_item("inputs", kinds)?;
+        out.set_item("in_shardings", &self.in_shardings)?;
+        out.set_item("out_shardings", &self.out_shardings)?;
+        Ok(out)
     }
 
     /// Runs the executable on a call's leaves; says in `took` how the arguments became
@@ -423,6 +441,9 @@ impl Entry {
         for constant in &self.const_inputs {
             visit.call(constant)?;
         }
+        for sharding in self.in_shardings.iter().chain(&self.out_shardings) {
+            visit.call(sharding)?;
+        }
         match &self.outputs {
             Outputs::Leaf => Ok(()),
             Outputs::Builtin(tree) => tree.traverse(visit),
@@ -629,6 +650,7 @@ impl<'a> ValueBytes<'a> {
                 Some(Self::Array(if len == 0 {
                     &[]
                 } else {
+                    // SAFETY: as above; `len` is not zero, so `data` is not dangling.
                     unsafe { std::slice::from_raw_parts(data.cast::<u8>(), len) }
                 }))
             }

@@ -32,6 +32,8 @@ pub struct FastPath {
     /// each output leaf becomes (None for one that stays as it is).
     pub in_global: Option<Vec<Option<Conversion>>>,
     pub out_local: Option<Vec<Option<Conversion>>>,
+    /// The sharding of each output leaf, where the miss knows it (for `fastpjit.explain`).
+    pub out_shardings: Vec<Py<PyAny>>,
 }
 
 #[pymethods]
@@ -39,7 +41,7 @@ impl FastPath {
     #[new]
     #[pyo3(signature = (
         *, executable, out_treedef, out_handlers, in_shardings, kept, const_args, donated,
-        in_global = None, out_local = None,
+        in_global = None, out_local = None, out_shardings = Vec::new(),
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -53,6 +55,7 @@ impl FastPath {
         donated: Vec<bool>,
         in_global: Option<Vec<Option<Conversion>>>,
         out_local: Option<Vec<Option<Conversion>>>,
+        out_shardings: Vec<Py<PyAny>>,
     ) -> PyResult<Self> {
         let inputs = kept.iter().filter(|&&k| k).count();
         if inputs != in_shardings.len() {
@@ -84,6 +87,12 @@ impl FastPath {
             )
             .into());
         }
+        if !out_shardings.is_empty() && out_shardings.len() != outputs {
+            return Err(DispatchError::FastPath(
+                "`out_shardings` needs one entry per output, or none".to_owned(),
+            )
+            .into());
+        }
         Ok(Self {
             executable,
             out_treedef,
@@ -94,6 +103,7 @@ impl FastPath {
             donated,
             in_global,
             out_local,
+            out_shardings,
         })
     }
 }

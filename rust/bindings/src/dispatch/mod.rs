@@ -31,7 +31,7 @@ use pyo3::PyTraverseError;
 
 use crate::errors::DispatchError;
 use crate::handles::{handles, Handles};
-use crate::stats::{Counter, FunctionStats};
+use crate::stats::{Counter, FunctionStats, DELEGATED};
 pub use bound::BoundFunction;
 use context::LiveContext;
 pub(crate) use context::MAX_STATES;
@@ -706,6 +706,78 @@ impl JitFunction {
     #[pyo3(name = "_cache_size")]
     fn cache_size(&self) -> usize {
         self.cache.len()
+    }
+
+    /// How a call of these arguments would be served, without running it (for
+    /// `fastpjit.explain`): `{"outcome": "hit" | "miss" | "fallback", "path": "recent" |
+    /// "keyed" | None, "reason": the fallback's reason or None}`, and for a hit the entry's
+    /// `report`. Reading the call's leaves updates the arrays remembered, as a call does.
+    #[pyo3(name = "_probe", signature = (*args, **kwargs))]
+    fn probe<'py>(
+        slf: &Bound<'py, Self>,
+        args: &Bound<'py, PyTuple>,
+        kwargs: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let py = slf.py();
+        let this = slf.get();
+        let h = handles(py)?;
+        let out = PyDict::new(py);
+        let answer = |outcome: &str, path: Option<&str>, reason: Option<&str>| {
+            out.set_item("outcome", outcome)?;
+            out.set_item("path", path)?;
+            out.set_item("reason", reason)?;
+            Ok::<_, PyErr>(out.clone())
+        };
+        let delegating = this.delegation.delegates()
+            && carries_numpy_array(h, args, kwargs)
+            && !matches!(*lock(&this.jax_dispatch), JaxDispatch::None);
+        if delegating {
+            return answer("fallback", None, Some(DELEGATED));
+        }
+        let context = if this.keyed_by_context {
+            let context = LiveContext::read(py, h)?;
+            if context.jit_disabled(h)? {
+                return answer("fallback", None, Some(&this.reasons.disabled));
+            }
+            context
+        } else {
+            LiveContext::none(py)
+        };
+        let latest = this.cache.latest();
+        let mut call = LiveCall::split(&this.statics, args, kwargs, context)?;
+        if let Err(why) =
+            this.with_seen(|seen| this.flatten(py, h, &mut call, latest.as_ref(), seen))?
+        {
+            return answer("fallback", None, Some(this.reasons.unkeyable(why)));
+        }
+        let recent = this.cache.probe_recent(latest.as_ref(), |signature| {
+            Ok::<_, PyErr>(Arc::ptr_eq(&signature.tree, &call.tree) && matches(signature, &call)?)
+        })?;
+        let (cached, path) = if let Some(cached) = recent {
+            (cached, "recent")
+        } else {
+            let hash = match call.hash()? {
+                Ok(hash) => hash,
+                Err(why) => return answer("fallback", None, Some(this.reasons.unkeyable(why))),
+            };
+            match this.cache.lookup(hash, |s| matches(s, &call))? {
+                Some(cached) => (cached, "keyed"),
+                None => return answer("miss", None, None),
+            }
+        };
+        match cached.outcome() {
+            Some(Outcome::Run(entry)) => {
+                let report = entry.report(py)?;
+                out.update(report.as_mapping())?;
+                answer("hit", Some(path), None)
+            }
+            Some(Outcome::Jax(reason)) => answer("fallback", Some(path), Some(reason)),
+            None => answer(
+                "miss",
+                None,
+                Some("another call's miss of this signature runs"),
+            ),
+        }
     }
 
     /// The host values that the latest call's cache entry places: `(position among the call's

@@ -556,6 +556,8 @@ fn sequence<'py>(
     let sequence = unsafe { Bound::from_owned_ptr_or_err(py, new(ssize(n)))? };
     for i in 0..n {
         let child = child(py, nodes, leaves, count)?;
+        // SAFETY: slot `i` is below `n` and still empty; the setter steals the owned
+        // reference that `into_ptr` gives.
         unsafe { set(sequence.as_ptr(), ssize(i), child.into_ptr()) };
     }
     Ok(sequence)

@@ -1,0 +1,158 @@
+"""fastpjit.explain: how a call would be served, without running it: the path of a hit, the
+reason of a fallback, and what differs on a miss; for every kind of fastpjit function."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import fastpjit
+
+
+@pytest.fixture
+def mesh():
+    return jax.make_mesh((2, 4), ("x", "y"))
+
+
+def new_jit(**options):
+    """fastpjit.jit of a new function, so a cache of its own."""
+
+    def scale(x, y, n=2):
+        return x * y * n
+
+    return fastpjit.jit(scale, **options)
+
+
+def unchanged(f, *args, **kwargs):
+    """explain(f, ...), checking that it ran nothing: no counter moved, nothing cached."""
+    before, size = fastpjit.stats(), f.cache_size() if hasattr(f, "cache_size") else None
+    report = fastpjit.explain(f, *args, **kwargs)
+    after = fastpjit.stats()
+    assert (after["cache_hits"], after["cache_misses"], after["compiles"]) == (
+        before["cache_hits"], before["cache_misses"], before["compiles"])
+    if size is not None:
+        assert f.cache_size() == size
+    return report
+
+
+def test_a_repeated_call_is_a_hit_on_the_recent_probe_with_its_inputs_and_shardings(mesh):
+    f = new_jit()
+    x = jax.device_put(np.ones((8, 4), np.float32), NamedSharding(mesh, P("x")))
+    out = f(x, 2.0)
+    report = unchanged(f, x, 2.0)
+    assert (report.outcome, report.path, report.reason) == ("hit", "recent", None)
+    assert report.kind == "jit" and report.function.endswith("scale")
+    assert report.inputs == {"args[0]": "passed as it is",
+                             "args[1]": "placed from the host (a kept device copy where the "
+                                        "value repeats)"}
+    assert report.in_shardings[0] == x.sharding
+    assert report.out_shardings == (out.sharding,)
+    text = str(report)
+    assert "a cache hit, a repeat of a recent call" in text
+    assert "args[0]: jax.Array float32[8,4], committed, NamedSharding(mesh(x=2, y=4), " \
+           "P('x'))" in text
+
+
+def test_an_older_signature_is_found_by_its_hash():
+    f = new_jit()
+    for n in range(1, 7):
+        f(jnp.ones(n), jnp.ones(n))
+    assert unchanged(f, jnp.ones(1), jnp.ones(1)).path == "keyed"
+
+
+@pytest.mark.parametrize(("first", "second", "what"), [
+    ((jnp.ones(4), jnp.ones(4)), (jnp.ones(8), jnp.ones(8)), "shape"),
+    ((jnp.ones(4), jnp.ones(())), (jnp.ones(4), jnp.asarray(1.0)), "weak type"),
+    ((jax.device_put(jnp.ones(4), jax.devices()[1]), jnp.ones(4)),
+     (jnp.ones(4), jnp.ones(4)), "committed"),
+])
+def test_a_miss_names_what_differs(first, second, what):
+    f = new_jit()
+    f(*first)
+    report = unchanged(f, *second)
+    assert report.outcome == "miss" and report.inputs is None
+    assert what in {d.what for d in report.differences}
+    assert "a cache miss: this call would trace and compile" in str(report)
+
+
+def test_a_miss_on_a_sharding_a_static_value_x64_and_a_mesh_context(mesh):
+    f = new_jit(static_argnames="n")
+    rows = jax.device_put(np.ones((8, 8), np.float32), NamedSharding(mesh, P("x")))
+    cols = jax.device_put(np.ones((8, 8), np.float32), NamedSharding(mesh, P(None, "y")))
+    f(rows, rows, n=3)
+    assert [d.what for d in unchanged(f, cols, rows, n=3).differences] == ["sharding"]
+    (difference,) = unchanged(f, rows, rows, n=4).differences
+    assert (difference.what, difference.path, difference.call, difference.cached) == (
+        "static value", "kwargs['n']", "4", "3")
+    with jax.enable_x64(True):
+        assert "x64 (jax_enable_x64)" in {
+            d.what for d in unchanged(f, rows, rows, n=3).differences}
+    with jax.set_mesh(mesh):
+        assert "mesh context (jax.set_mesh)" in {
+            d.what for d in unchanged(f, rows, rows, n=3).differences}
+
+
+def test_the_first_call_misses_with_nothing_cached():
+    report = unchanged(new_jit(), jnp.ones(2), jnp.ones(2))
+    assert report.outcome == "miss" and report.differences is None
+    assert "Nothing is cached for this function yet." in str(report)
+
+
+def test_a_fallback_says_why():
+    f = new_jit()
+    f(jnp.ones(2), jnp.ones(2))
+    with jax.disable_jit():
+        report = unchanged(f, jnp.ones(2), jnp.ones(2))
+    assert report.outcome == "fallback" and "disable_jit" in report.reason
+    report = unchanged(f, jnp.ones(2), "not an array")
+    assert report.outcome == "fallback" and "not an array" in report.reason
+    assert report.reason in str(report)
+
+
+def test_a_bound_call_takes_the_bound_path():
+    f = new_jit()
+    g = f.bind(jnp.ones(4))
+    for _ in range(3):
+        g(jnp.ones(4))
+    report = unchanged(g, jnp.ones(4))
+    assert (report.outcome, report.path, report.kind) == ("hit", "bound", "bound jit")
+    assert list(report.signature) == ["args[0]", "args[1]"]
+
+
+def test_pmap_aot_and_compile_hlo_functions():
+    p = fastpjit.pmap(lambda x: x * 2)
+    p(np.ones((8, 2), np.float32))
+    assert unchanged(p, np.ones((8, 2), np.float32)).outcome == "hit"
+    assert unchanged(p, np.ones((8, 3), np.float32)).outcome == "miss"
+    compiled = fastpjit.jit(lambda x: x + 1).lower(jnp.ones(4)).compile()
+    assert unchanged(compiled, jnp.ones(4)).outcome == "miss"
+    compiled(jnp.ones(4))
+    hit = unchanged(compiled, jnp.ones(4))
+    assert (hit.outcome, hit.kind) == ("hit", "compiled")
+    hlo = fastpjit.compile_hlo(jax.jit(lambda a: a * 3).lower(
+        jax.ShapeDtypeStruct((4,), jnp.float32)).as_text())
+    hlo(np.ones(4, np.float32))
+    assert unchanged(hlo, np.ones(4, np.float32)).kind == "compile_hlo"
+
+
+def test_a_jax_jit_function_is_explained_as_fastpjit_jit_would_serve_it():
+    jitted = jax.jit(lambda x, n: x * n, static_argnums=1)
+    report = fastpjit.explain(jitted, jnp.ones(2), 3)
+    assert report.outcome == "miss" and report.note and "jax.jit" in report.note
+    assert report.signature["args[1]"] == "static 3"
+
+
+def test_what_is_no_fastpjit_function_raises_type_error():
+    with pytest.raises(TypeError, match="expects a fastpjit function"):
+        fastpjit.explain(lambda x: x, 1)
+
+
+def test_the_recompile_error_is_the_explain_report_of_the_miss():
+    f = new_jit()
+    f(jnp.ones(4), jnp.ones(4))
+    with fastpjit.no_recompiles(), pytest.raises(fastpjit.RecompileError) as error:
+        f(jnp.ones(5), jnp.ones(5))
+    expected = str(fastpjit.explain(f, jnp.ones(5), jnp.ones(5)))
+    assert str(error.value).splitlines()[1:] == expected.splitlines()[1:]
