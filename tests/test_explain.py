@@ -31,7 +31,10 @@ def unchanged(f, *args, **kwargs):
     report = fastpjit.explain(f, *args, **kwargs)
     after = fastpjit.stats()
     assert (after["cache_hits"], after["cache_misses"], after["compiles"]) == (
-        before["cache_hits"], before["cache_misses"], before["compiles"])
+        before["cache_hits"],
+        before["cache_misses"],
+        before["compiles"],
+    )
     if size is not None:
         assert f.cache_size() == size
     return report
@@ -44,15 +47,17 @@ def test_a_repeated_call_is_a_hit_on_the_recent_probe_with_its_inputs_and_shardi
     report = unchanged(f, x, 2.0)
     assert (report.outcome, report.path, report.reason) == ("hit", "recent", None)
     assert report.kind == "jit" and report.function.endswith("scale")
-    assert report.inputs == {"args[0]": "passed as it is",
-                             "args[1]": "placed from the host (a kept device copy where the "
-                                        "value repeats)"}
+    assert report.inputs == {
+        "args[0]": "passed as it is",
+        "args[1]": "placed from the host (a kept device copy where the value repeats)",
+    }
     assert report.in_shardings[0] == x.sharding
     assert report.out_shardings == (out.sharding,)
     text = str(report)
     assert "a cache hit, a repeat of a recent call" in text
-    assert "args[0]: jax.Array float32[8,4], committed, NamedSharding(mesh(x=2, y=4), " \
-           "P('x'))" in text
+    assert (
+        "args[0]: jax.Array float32[8,4], committed, NamedSharding(mesh(x=2, y=4), P('x'))" in text
+    )
 
 
 def test_an_older_signature_is_found_by_its_hash():
@@ -62,12 +67,18 @@ def test_an_older_signature_is_found_by_its_hash():
     assert unchanged(f, jnp.ones(1), jnp.ones(1)).path == "keyed"
 
 
-@pytest.mark.parametrize(("first", "second", "what"), [
-    ((jnp.ones(4), jnp.ones(4)), (jnp.ones(8), jnp.ones(8)), "shape"),
-    ((jnp.ones(4), jnp.ones(())), (jnp.ones(4), jnp.asarray(1.0)), "weak type"),
-    ((jax.device_put(jnp.ones(4), jax.devices()[1]), jnp.ones(4)),
-     (jnp.ones(4), jnp.ones(4)), "committed"),
-])
+@pytest.mark.parametrize(
+    ("first", "second", "what"),
+    [
+        ((jnp.ones(4), jnp.ones(4)), (jnp.ones(8), jnp.ones(8)), "shape"),
+        ((jnp.ones(4), jnp.ones(())), (jnp.ones(4), jnp.asarray(1.0)), "weak type"),
+        (
+            (jax.device_put(jnp.ones(4), jax.devices()[1]), jnp.ones(4)),
+            (jnp.ones(4), jnp.ones(4)),
+            "committed",
+        ),
+    ],
+)
 def test_a_miss_names_what_differs(first, second, what):
     f = new_jit()
     f(*first)
@@ -85,13 +96,17 @@ def test_a_miss_on_a_sharding_a_static_value_x64_and_a_mesh_context(mesh):
     assert [d.what for d in unchanged(f, cols, rows, n=3).differences] == ["sharding"]
     (difference,) = unchanged(f, rows, rows, n=4).differences
     assert (difference.what, difference.path, difference.call, difference.cached) == (
-        "static value", "kwargs['n']", "4", "3")
+        "static value",
+        "kwargs['n']",
+        "4",
+        "3",
+    )
     with jax.enable_x64(True):
-        assert "x64 (jax_enable_x64)" in {
-            d.what for d in unchanged(f, rows, rows, n=3).differences}
+        assert "x64 (jax_enable_x64)" in {d.what for d in unchanged(f, rows, rows, n=3).differences}
     with jax.set_mesh(mesh):
         assert "mesh context (jax.set_mesh)" in {
-            d.what for d in unchanged(f, rows, rows, n=3).differences}
+            d.what for d in unchanged(f, rows, rows, n=3).differences
+        }
 
 
 def test_the_first_call_misses_with_nothing_cached():
@@ -131,8 +146,9 @@ def test_pmap_aot_and_compile_hlo_functions():
     compiled(jnp.ones(4))
     hit = unchanged(compiled, jnp.ones(4))
     assert (hit.outcome, hit.kind) == ("hit", "compiled")
-    hlo = fastpjit.compile_hlo(jax.jit(lambda a: a * 3).lower(
-        jax.ShapeDtypeStruct((4,), jnp.float32)).as_text())
+    hlo = fastpjit.compile_hlo(
+        jax.jit(lambda a: a * 3).lower(jax.ShapeDtypeStruct((4,), jnp.float32)).as_text()
+    )
     hlo(np.ones(4, np.float32))
     assert unchanged(hlo, np.ones(4, np.float32)).kind == "compile_hlo"
 

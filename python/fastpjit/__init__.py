@@ -36,6 +36,7 @@ from fastpjit.sharding import (
     parse_hlo_sharding,
     shard_shape,
 )
+from fastpjit.timing import timing
 from fastpjit.transfer import device_get, device_put, make_array_from_process_local_data
 from fastpjit.warm_start import save_signatures, warm_up
 
@@ -73,6 +74,7 @@ __all__ = [
     "set_host_pool_limit",
     "shard_shape",
     "stats",
+    "timing",
     "uninstall",
     "warm_up",
 ]

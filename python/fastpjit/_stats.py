@@ -3,9 +3,28 @@
 
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import NotRequired, TypedDict
 
-__all__ = ["FunctionStats", "HostPoolStats", "Stats"]
+__all__ = ["FunctionStats", "HostPoolStats", "Percentiles", "Stats", "Timing"]
+
+
+class Percentiles(TypedDict):
+    """Of a function's timed cache hits: the 50th and 99th percentile, in µs."""
+
+    p50_us: float
+    p99_us: float
+
+
+class Timing(TypedDict):
+    """The host time of a function's latest timed cache hits (`fastpjit.timing`), whole and
+    by stage; `calls` counts every timed hit."""
+
+    calls: int
+    total: Percentiles
+    lookup: Percentiles
+    inputs: Percentiles
+    execute: Percentiles
+    outputs: Percentiles
 
 
 class FunctionStats(TypedDict):
@@ -17,6 +36,8 @@ class FunctionStats(TypedDict):
     compiles: int
     # Calls that took a slower correct path (JAX ran them), by reason.
     fallbacks: dict[str, int]
+    # Present once a hit was timed.
+    timing: NotRequired[Timing]
 
 
 class HostPoolStats(TypedDict):

@@ -2,8 +2,11 @@
 //! with their reasons, in all and per function.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
+
+use fastpjit_core::timing::{Latencies, Percentiles, Stage};
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -14,6 +17,48 @@ static OTHERS: FunctionStats = FunctionStats::new();
 /// The counts of every function by name, those of dead functions included, so that a summary
 /// at exit names them all.
 static FUNCTIONS: Mutex<BTreeMap<String, Arc<FunctionStats>>> = Mutex::new(BTreeMap::new());
+/// Whether cache hits are timed by stage (`fastpjit.timing`); off, a call reads this flag and
+/// nothing more.
+static TIMING: AtomicBool = AtomicBool::new(false);
+
+/// The stage times of one timed call.
+pub struct Clock {
+    last: Instant,
+    stages: [u64; 4],
+}
+
+impl Clock {
+    /// A clock started now, where timing is on.
+    #[inline]
+    pub fn start() -> Option<Self> {
+        TIMING.load(Ordering::Relaxed).then(|| Self {
+            last: Instant::now(),
+            stages: [0; 4],
+        })
+    }
+
+    /// Ends `stage` (and starts the next) now.
+    pub fn mark(&mut self, stage: Stage) {
+        let now = Instant::now();
+        self.stages[stage as usize] += u64::try_from((now - self.last).as_nanos()).unwrap_or(0);
+        self.last = now;
+    }
+}
+
+/// Ends `stage` on a clock, if the call is timed.
+#[inline]
+pub fn mark(clock: &mut Option<Clock>, stage: Stage) {
+    if let Some(clock) = clock {
+        clock.mark(stage);
+    }
+}
+
+/// Switches the timing of cache hits on or off; returns whether it was on.
+#[pyfunction]
+pub fn set_timing(on: bool) -> bool {
+    TIMING.swap(on, Ordering::Relaxed)
+}
+
 /// Calls that `fastpjit.no_recompiles` stopped, in all functions.
 static RECOMPILES_STOPPED: AtomicU64 = AtomicU64::new(0);
 /// How many names `FUNCTIONS` holds; the functions of further names share one entry.
@@ -50,6 +95,8 @@ pub struct FunctionStats {
     jax_calls: AtomicU64,
     delegated: AtomicU64,
     fallbacks: Mutex<BTreeMap<String, u64>>,
+    /// The stage times of the latest timed hits.
+    latencies: Mutex<Latencies>,
 }
 
 impl FunctionStats {
@@ -61,6 +108,14 @@ impl FunctionStats {
             jax_calls: AtomicU64::new(0),
             delegated: AtomicU64::new(0),
             fallbacks: Mutex::new(BTreeMap::new()),
+            latencies: Mutex::new(Latencies::new()),
+        }
+    }
+
+    /// Records a timed call's stage times, if it was timed.
+    pub fn record(&self, clock: Option<Clock>) {
+        if let Some(clock) = clock {
+            lock(&self.latencies).record(clock.stages);
         }
     }
 
@@ -132,6 +187,7 @@ impl FunctionStats {
             cell.store(0, Ordering::Relaxed);
         }
         lock(&self.fallbacks).clear();
+        lock(&self.latencies).clear();
     }
 
     fn is_empty(&self) -> bool {
@@ -174,6 +230,9 @@ pub fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
         entry.set_item("cache_misses", misses)?;
         entry.set_item("compiles", compiles)?;
         entry.set_item("fallbacks", own.into_pyobject(py)?)?;
+        if let Some(timing) = latency_report(py, &lock(&stats.latencies))? {
+            entry.set_item("timing", timing)?;
+        }
         per_function.set_item(name, entry)?;
     }
     let out = PyDict::new(py);
@@ -188,6 +247,30 @@ pub fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     out.set_item("functions", per_function)?;
     out.set_item("host_pool", crate::host_memory::host_pool_stats(py)?)?;
     Ok(out)
+}
+
+/// `{"calls": n, "total": {"p50_us", "p99_us"}, "lookup": {...}, "inputs": {...}, "execute":
+/// {...}, "outputs": {...}}` of a function's timed hits; None where none was timed.
+fn latency_report<'py>(
+    py: Python<'py>,
+    latencies: &Latencies,
+) -> PyResult<Option<Bound<'py, PyDict>>> {
+    let Some((stages, total)) = latencies.percentiles() else {
+        return Ok(None);
+    };
+    let as_us = |p: Percentiles| -> PyResult<Bound<'py, PyDict>> {
+        let out = PyDict::new(py);
+        out.set_item("p50_us", p.p50 as f64 / 1e3)?;
+        out.set_item("p99_us", p.p99 as f64 / 1e3)?;
+        Ok(out)
+    };
+    let out = PyDict::new(py);
+    out.set_item("calls", latencies.calls())?;
+    out.set_item("total", as_us(total)?)?;
+    for (stage, p) in Stage::ALL.into_iter().zip(stages) {
+        out.set_item(stage.name(), as_us(p)?)?;
+    }
+    Ok(Some(out))
 }
 
 /// Sets every counter back to zero, and forgets the names of functions that no longer live.

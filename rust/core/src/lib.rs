@@ -20,6 +20,7 @@ pub mod module_precheck;
 pub mod process_local;
 pub mod strided;
 pub mod tile;
+pub mod timing;
 pub mod transfer;
 
 pub use bounded::{BoundedMap, Forgotten};

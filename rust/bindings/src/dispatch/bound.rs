@@ -21,6 +21,7 @@ use pyo3::PyTraverseError;
 use super::{BoundPath, JitFunction};
 use crate::errors::DispatchError;
 use crate::handles::handles;
+use crate::stats::Clock;
 
 #[pyclass(module = "fastpjit._core", subclass, frozen)]
 pub struct BoundFunction {
@@ -117,6 +118,7 @@ impl BoundFunction {
         let py = slf.py();
         let this = slf.get();
         let function = this.function.bind(py);
+        let mut clock = Clock::start();
         let h = handles(py)?;
         let path = this
             .path
@@ -129,7 +131,7 @@ impl BoundFunction {
         {
             if let Some(out) = function
                 .get()
-                .run_bound(h, path, args)
+                .run_bound(h, path, args, &mut clock)
                 .map_err(|err| this.named(py, err))?
             {
                 return Ok(out);

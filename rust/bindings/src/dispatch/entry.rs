@@ -7,6 +7,7 @@
 use std::sync::{Mutex, PoisonError};
 
 use fastpjit_core::dispatch::plan::{self, InputPlan};
+use fastpjit_core::timing::Stage;
 use fastpjit_core::{HitInputs, KeptValues, LatestCopy};
 use numpy::npyffi::{NPY_ORDER, PY_ARRAY_API};
 use numpy::{PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
@@ -22,6 +23,7 @@ use super::tree::Tree;
 use crate::errors::DispatchError;
 use crate::handles::{names, Handles};
 use crate::process_local::make_array_from_process_local_leaf;
+use crate::stats::{mark, Clock};
 use crate::transfer::{deleted_error, HostInput};
 
 /// How a hit's arguments became inputs.
@@ -30,6 +32,8 @@ pub struct Took {
     /// Whether JAX moved an argument.
     pub moved: bool,
     pub inputs: HitInputs,
+    /// The call's stage times, where it is timed (`fastpjit.timing`).
+    pub clock: Option<Clock>,
 }
 
 /// How one flat argument becomes an executable input (see the core's `plan::Input`): a copy
@@ -309,7 +313,8 @@ impl Entry {
             }
             PyTuple::new(py, inputs)?
         };
-        self.execute(h, &inputs, leaves, |j| {
+        mark(&mut took.clock, Stage::Inputs);
+        self.execute(h, &inputs, leaves, &mut took.clock, |j| {
             matches!(keys[j], LiveLeaf::Array { .. })
         })
     }
@@ -345,10 +350,12 @@ impl Entry {
         &self,
         h: &Handles,
         args: &Bound<'py, PyTuple>,
+        clock: &mut Option<Clock>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let leaves = args.as_slice();
         self.check_arrays(h, leaves)?;
-        self.execute(h, args, leaves, |_| true)
+        mark(clock, Stage::Inputs);
+        self.execute(h, args, leaves, clock, |_| true)
     }
 
     /// Checks the arrays that a passthrough entry takes as they are. jaxlib crashes on a
@@ -374,6 +381,7 @@ impl Entry {
         h: &Handles,
         inputs: &Bound<'py, PyTuple>,
         leaves: &[Bound<'py, PyAny>],
+        clock: &mut Option<Clock>,
         is_array: impl Fn(usize) -> bool,
     ) -> PyResult<Bound<'py, PyAny>> {
         let py = inputs.py();
@@ -389,6 +397,7 @@ impl Entry {
             }
         };
         h.count_execution(py);
+        mark(clock, Stage::Execute);
         let mut outs = h
             .consume_with_handlers
             .bind(py)
@@ -396,11 +405,13 @@ impl Entry {
         if let Some(local) = &self.out_local {
             outs = Self::to_local(h, &outs, local)?;
         }
-        match &self.outputs {
+        let out = match &self.outputs {
             Outputs::Leaf => outs.get_item(0),
             Outputs::Builtin(tree) => tree.unflatten(outs.cast::<PyList>()?),
             Outputs::Unflatten(unflatten) => unflatten.bind(py).call1((outs,)),
-        }
+        };
+        mark(clock, Stage::Outputs);
+        out
     }
 
     /// Raises JAX's error where a donated argument is also another argument of the call:

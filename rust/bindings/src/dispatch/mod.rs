@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use fastpjit_core::dispatch::{CacheEntry, EntryCache, MissState};
+use fastpjit_core::timing::Stage;
 use fastpjit_core::{BoundedMap, Delegation};
 use pyo3::exceptions::PyOverflowError;
 use pyo3::gc::PyVisit;
@@ -31,7 +32,7 @@ use pyo3::PyTraverseError;
 
 use crate::errors::DispatchError;
 use crate::handles::{handles, Handles};
-use crate::stats::{Counter, FunctionStats, DELEGATED};
+use crate::stats::{mark, Clock, Counter, FunctionStats, DELEGATED};
 pub use bound::BoundFunction;
 use context::LiveContext;
 pub(crate) use context::MAX_STATES;
@@ -242,6 +243,7 @@ impl JitFunction {
         h: &Handles,
         path: &BoundPath,
         rest: &Bound<'py, PyTuple>,
+        clock: &mut Option<Clock>,
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
         let py = rest.py();
         let Some(Outcome::Run(entry)) = path.entry.outcome() else {
@@ -276,7 +278,10 @@ impl JitFunction {
         let mut inputs: Vec<Bound<'py, PyAny>> = Vec::with_capacity(path.leaves.len() + rest.len());
         inputs.extend(path.leaves.iter().map(|leaf| leaf.bind(py).clone()));
         inputs.extend(rest.iter());
-        entry.run_arrays(h, &PyTuple::new(py, inputs)?).map(Some)
+        mark(clock, Stage::Lookup);
+        let out = entry.run_arrays(h, &PyTuple::new(py, inputs)?, clock)?;
+        self.stats.record(clock.take());
+        Ok(Some(out))
     }
 
     /// Hands the call to jax.jit's own dispatch, counted; None for a function without one.
@@ -401,6 +406,7 @@ impl JitFunction {
         &self,
         h: &Handles,
         args: &Bound<'py, PyTuple>,
+        clock: &mut Option<Clock>,
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
         let Some(latest) = self.cache.latest() else {
             return Ok(None);
@@ -419,7 +425,10 @@ impl JitFunction {
             return Ok(None);
         }
         self.stats.count(Counter::CacheHit);
-        entry.run_arrays(h, args).map(Some)
+        mark(clock, Stage::Lookup);
+        let out = entry.run_arrays(h, args, clock)?;
+        self.stats.record(clock.take());
+        Ok(Some(out))
     }
 
     /// Whether `args` are `jax.Array`s with the avals and shardings of `keys`.
@@ -616,6 +625,7 @@ impl JitFunction {
     ) -> PyResult<Bound<'py, PyAny>> {
         let py = slf.py();
         let this = slf.get();
+        let mut clock = Clock::start();
         let h = handles(py)?;
         if this.delegation.delegates() && carries_numpy_array(h, args, kwargs) {
             if let Some(out) = this.delegate(py, args, kwargs) {
@@ -630,7 +640,7 @@ impl JitFunction {
             context
         } else {
             if kwargs.is_none_or(PyDictMethods::is_empty) {
-                if let Some(out) = this.run_repeat(h, args)? {
+                if let Some(out) = this.run_repeat(h, args, &mut clock)? {
                     return Ok(out);
                 }
             }
@@ -669,7 +679,11 @@ impl JitFunction {
                 Some(Outcome::Run(entry)) => {
                     this.stats.count(Counter::CacheHit);
                     this.cache.hit(&cached, latest.as_ref());
-                    let mut took = Took::default();
+                    mark(&mut clock, Stage::Lookup);
+                    let mut took = Took {
+                        clock: clock.take(),
+                        ..Took::default()
+                    };
                     let out = match entry.run(py, h, &call, &mut took) {
                         Err(err) if err.is_instance_of::<PyOverflowError>(py) => {
                             // A Python int too large for its dtype: JAX's path names it.
@@ -677,6 +691,7 @@ impl JitFunction {
                         }
                         out => out?,
                     };
+                    this.stats.record(took.clock.take());
                     if took.moved {
                         this.count_fallback(&this.reasons.moved);
                     }
