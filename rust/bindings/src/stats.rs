@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use fastpjit_core::timing::{Latencies, Percentiles, Stage};
 
@@ -260,8 +260,9 @@ fn latency_report<'py>(
     };
     let as_us = |p: Percentiles| -> PyResult<Bound<'py, PyDict>> {
         let out = PyDict::new(py);
-        out.set_item("p50_us", p.p50 as f64 / 1e3)?;
-        out.set_item("p99_us", p.p99 as f64 / 1e3)?;
+        let us = |nanos: u64| Duration::from_nanos(nanos).as_secs_f64() * 1e6;
+        out.set_item("p50_us", us(p.p50))?;
+        out.set_item("p99_us", us(p.p99))?;
         Ok(out)
     };
     let out = PyDict::new(py);
