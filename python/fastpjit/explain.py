@@ -1,5 +1,6 @@
-"""Why a call misses: a call signature leaf by leaf, what differs from the nearest signature
-that the function cached, and `no_recompiles`, which turns a miss into an error.
+"""How a call would be served (`explain`): a hit and its path, a fallback and its reason, or a
+miss and what differs from the nearest signature that the function cached; and
+`no_recompiles`, which turns a miss into an error that says so.
 
 Signatures here are the JSON data of `fastpjit.warm_start` (kind, shape, dtype, weak type,
 commitment and sharding of each leaf; static values; keyword names; x64).
