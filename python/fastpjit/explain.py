@@ -385,13 +385,13 @@ def _explanation(
 ) -> Explanation:
     from fastpjit.warm_start import Unrecordable
 
+    call: dict[str, Any] | None = None
     try:
-        call: dict[str, Any] | None = log.describe(args, kwargs)
+        described: dict[str, Any] = log.describe(args, kwargs)
     except Unrecordable as why:
-        call = None
         rows = {"(call)": f"cannot be described: {why}"}
     else:
-        rows = leaf_rows(call)
+        call, rows = described, leaf_rows(described)
     outcome = probe["outcome"]
     differences = None
     if outcome == "miss" and call is not None:
