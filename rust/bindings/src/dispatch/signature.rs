@@ -389,3 +389,87 @@ fn same_leaf(kept: &LeafKey, key: &LiveLeaf<'_>, leaf: &Bound<'_, PyAny>) -> PyR
         _ => false,
     })
 }
+
+/// Binding logic that reads Python objects, tested with the project's interpreter (`make
+/// rust-test-bindings`).
+#[cfg(test)]
+mod tests {
+    use pyo3::types::PyDictMethods;
+
+    use super::*;
+    use crate::handles::handles;
+
+    fn ints<'py>(values: &[Bound<'py, PyAny>]) -> Vec<i64> {
+        values.iter().map(|v| v.extract().unwrap()).collect()
+    }
+
+    fn strs(values: &[Bound<'_, PyString>]) -> Vec<String> {
+        values.iter().map(ToString::to_string).collect()
+    }
+
+    #[test]
+    fn a_call_splits_into_static_and_dynamic_arguments_keywords_by_name() {
+        Python::initialize();
+        Python::attach(|py| {
+            let statics = StaticArgs {
+                argnums: vec![1, -1],
+                argnames: vec![PyString::new(py, "n").unbind()],
+            };
+            let args = PyTuple::new(py, [10, 11, 12, 13]).unwrap();
+            let kwargs = PyDict::new(py);
+            for (name, value) in [("b", 2), ("n", 5), ("a", 1)] {
+                kwargs.set_item(name, value).unwrap();
+            }
+            let call =
+                LiveCall::split(&statics, &args, Some(&kwargs), LiveContext::none(py)).unwrap();
+            // Positional dynamic arguments, then keyword ones sorted by name, as JAX orders
+            // them; a negative static position counts from the end.
+            assert_eq!(ints(call.dynamic()), [10, 12, 1, 2]);
+            assert_eq!(strs(&call.kwnames), ["a", "b"]);
+            assert_eq!(ints(&call.statics), [11, 13, 5]);
+            assert_eq!(strs(&call.static_names), ["n"]);
+            assert_eq!(call.num_args, 4);
+            // A call of positional dynamic arguments only borrows the argument tuple.
+            let none = StaticArgs {
+                argnums: Vec::new(),
+                argnames: Vec::new(),
+            };
+            let plain = LiveCall::split(&none, &args, None, LiveContext::none(py)).unwrap();
+            assert!(plain.dynamic().as_ptr() == args.as_slice().as_ptr());
+        });
+    }
+
+    #[test]
+    fn an_array_has_the_key_of_its_aval_sharding_and_commitment_only() {
+        Python::initialize();
+        Python::attach(|py| {
+            let h = handles(py).unwrap();
+            let jax = py.import("jax").unwrap();
+            let jnp = py.import("jax.numpy").unwrap();
+            let x = jnp.call_method1("ones", (4,)).unwrap();
+            let key_of = |array: &Bound<'_, PyAny>, committed: bool| {
+                let aval = h.arrays.array_aval.bind(py).call1((array,)).unwrap();
+                let sharding = h.arrays.array_sharding.bind(py).call1((array,)).unwrap();
+                LeafKey::Array {
+                    value: aval_value(&aval).unwrap().unwrap(),
+                    sharding_id: sharding_id(&sharding).unwrap(),
+                    aval: aval.unbind(),
+                    sharding: sharding.unbind(),
+                    committed,
+                }
+            };
+            let key = key_of(&x, false);
+            assert!(is_key_of(&key, h, &x).unwrap());
+            // An equal array (another aval and sharding object, equal values) has it too.
+            let y = jnp.call_method1("zeros", (4,)).unwrap();
+            assert!(is_key_of(&key, h, &y).unwrap());
+            // Another shape, or the same array committed, has not.
+            let longer = jnp.call_method1("ones", (5,)).unwrap();
+            assert!(!is_key_of(&key, h, &longer).unwrap());
+            let device = jax.call_method0("devices").unwrap().get_item(0).unwrap();
+            let committed = jax.call_method1("device_put", (&x, device)).unwrap();
+            assert!(!is_key_of(&key, h, &committed).unwrap());
+            assert!(is_key_of(&key_of(&committed, true), h, &committed).unwrap());
+        });
+    }
+}
