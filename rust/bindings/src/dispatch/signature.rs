@@ -399,7 +399,7 @@ mod tests {
     use super::*;
     use crate::handles::handles;
 
-    fn ints<'py>(values: &[Bound<'py, PyAny>]) -> Vec<i64> {
+    fn ints(values: &[Bound<'_, PyAny>]) -> Vec<i64> {
         values.iter().map(|v| v.extract().unwrap()).collect()
     }
 
