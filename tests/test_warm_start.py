@@ -129,6 +129,12 @@ def a_record(**changes):
     return record
 
 
+def with_argument(node):
+    """A record whose one signature takes `node` as its one argument."""
+    signature = {"args": [node], "kwargs": {}, "config": {"jax_enable_x64": False, "mesh": None}}
+    return a_record(functions={"f": {"unrecordable": {}, "signatures": [signature]}})
+
+
 def write(tmp_path, data):
     path = tmp_path / "record.json"
     path.write_bytes(data if isinstance(data, bytes) else json.dumps(data).encode())
@@ -149,66 +155,11 @@ def test_a_good_record_loads(tmp_path):
         ({"schema": "fastpjit.signatures"}, "the keys"),
         ([], "an object"),
         (
-            a_record(
-                functions={
-                    "f": {
-                        "unrecordable": {},
-                        "signatures": [
-                            {
-                                "args": [
-                                    {
-                                        "leaf": {
-                                            "kind": "numpy",
-                                            "shape": [2**60],
-                                            "dtype": "float32",
-                                        }
-                                    }
-                                ],
-                                "kwargs": {},
-                                "config": {"jax_enable_x64": False, "mesh": None},
-                            }
-                        ],
-                    }
-                }
-            ),
+            with_argument({"leaf": {"kind": "numpy", "shape": [2**60], "dtype": "float32"}}),
             "a dim in",
         ),
-        (
-            a_record(
-                functions={
-                    "f": {
-                        "unrecordable": {},
-                        "signatures": [
-                            {
-                                "args": [
-                                    {"leaf": {"kind": "numpy", "shape": [2], "dtype": "object"}}
-                                ],
-                                "kwargs": {},
-                                "config": {"jax_enable_x64": False, "mesh": None},
-                            }
-                        ],
-                    }
-                }
-            ),
-            "dtype",
-        ),
-        (
-            a_record(
-                functions={
-                    "f": {
-                        "unrecordable": {},
-                        "signatures": [
-                            {
-                                "args": [{"code": "1"}],
-                                "kwargs": {},
-                                "config": {"jax_enable_x64": False, "mesh": None},
-                            }
-                        ],
-                    }
-                }
-            ),
-            "one of the keys",
-        ),
+        (with_argument({"leaf": {"kind": "numpy", "shape": [2], "dtype": "object"}}), "dtype"),
+        (with_argument({"code": "1"}), "one of the keys"),
     ],
 )
 def test_a_bad_record_raises_value_error_naming_what_is_wrong(tmp_path, record, words):
