@@ -439,6 +439,86 @@ mod tests {
         });
     }
 
+    /// A call of `args`, `kwargs` read as the dispatcher reads it: split, flattened, leaves
+    /// read.
+    fn read<'py>(
+        py: Python<'py>,
+        statics: &StaticArgs,
+        args: &Bound<'py, PyTuple>,
+        kwargs: Option<&Bound<'py, PyDict>>,
+    ) -> LiveCall<'static, 'py> {
+        let h = handles(py).unwrap();
+        let mut call = LiveCall::split(statics, args, kwargs, LiveContext::none(py)).unwrap();
+        let Ok((tree, leaves)) = Tree::derive(py, h, call.dynamic()).unwrap() else {
+            panic!("a keyable call");
+        };
+        let keys = super::super::leaf::SeenArrays::default()
+            .read_all(h, &leaves)
+            .unwrap()
+            .unwrap();
+        let nested = (!tree.flat).then_some(leaves);
+        call.set_tree(Cow::Owned(Arc::new(tree)), nested, keys);
+        call
+    }
+
+    #[test]
+    fn a_call_matches_the_signature_kept_from_an_equal_call_only() {
+        Python::initialize();
+        Python::attach(equal_calls_match);
+    }
+
+    /// A call has the signature kept from an equal call, and not those of other calls.
+    fn equal_calls_match<'py>(py: Python<'py>) {
+        let jnp = py.import("jax.numpy").unwrap();
+        let np = py.import("numpy").unwrap();
+        let statics = StaticArgs {
+            argnums: vec![2],
+            argnames: Vec::new(),
+        };
+        // f({"w": array, "b": None}, numpy array, static, 1.5)
+        let call_of = |n: i64, static_value: &str, scalar: Bound<'py, PyAny>| {
+            let tree = PyDict::new(py);
+            tree.set_item("w", jnp.call_method1("ones", (n,)).unwrap())
+                .unwrap();
+            tree.set_item("b", py.None()).unwrap();
+            let host = np.call_method1("zeros", (3,)).unwrap();
+            PyTuple::new(
+                py,
+                [
+                    tree.into_any(),
+                    host,
+                    PyString::new(py, static_value).into_any(),
+                    scalar,
+                ],
+            )
+            .unwrap()
+        };
+        let float = || 1.5f64.into_pyobject(py).unwrap().into_any();
+        let first = call_of(4, "mode", float());
+        let call = read(py, &statics, &first, None);
+        let Ok(hash) = call.hash().unwrap() else {
+            panic!("a hashable call");
+        };
+        let signature = keep(&call, hash).unwrap().unwrap();
+        assert!(matches(&signature, &call).unwrap());
+        // Other objects of equal values, an equal static made anew: the same signature.
+        let equal = call_of(4, &(String::from("mo") + "de"), float());
+        assert!(matches(&signature, &read(py, &statics, &equal, None)).unwrap());
+        // Another shape, another static value, an int where a float was: not.
+        for other in [
+            call_of(5, "mode", float()),
+            call_of(4, "other", float()),
+            call_of(4, "mode", 2i64.into_pyobject(py).unwrap().into_any()),
+        ] {
+            assert!(!matches(&signature, &read(py, &statics, &other, None)).unwrap());
+        }
+        // The same arguments passed by keyword have another signature.
+        let kwargs = PyDict::new(py);
+        kwargs.set_item("x", float()).unwrap();
+        let fewer = PyTuple::new(py, first.iter().take(3)).unwrap();
+        assert!(!matches(&signature, &read(py, &statics, &fewer, Some(&kwargs))).unwrap());
+    }
+
     #[test]
     fn an_array_has_the_key_of_its_aval_sharding_and_commitment_only() {
         Python::initialize();
