@@ -38,11 +38,12 @@ rust-test:
 	cargo test --quiet
 
 # The bindings' tests embed the project's interpreter, with its packages and fastpjit on the
-# path; their own target folder keeps that build apart from maturin's.
+# path; their own target folder keeps that build apart from maturin's. One thread: tests that
+# first import jax at the same time can see it half-imported.
 rust-test-bindings: build
 	PYO3_PYTHON=$(abspath $(PY)) \
 	PYTHONPATH=$$($(PY) -c 'import site; print(site.getsitepackages()[0])'):$(abspath python) \
-	CARGO_TARGET_DIR=target/bindings-test cargo test --quiet -p fastpjit-bindings
+	CARGO_TARGET_DIR=target/bindings-test cargo test --quiet -p fastpjit-bindings -- --test-threads=1
 
 py-test:
 	$(PY) -m pytest -q

@@ -55,6 +55,14 @@ enum Outcome {
     Jax(String),
 }
 
+/// Where a call's cache entry was found (`"recent"` or `"keyed"`), or the hash of its miss, or
+/// why it has no signature.
+enum Found {
+    Entry(Arc<Cached>, &'static str),
+    Miss(u64),
+    Unkeyable(Unkeyable),
+}
+
 /// A cache entry: a signature, and what calls of it do once its miss has run (see the core's
 /// `EntryCache` for the single-compile protocol).
 type Cached = CacheEntry<CallSignature, Outcome>;
@@ -315,6 +323,36 @@ impl JitFunction {
         };
         self.stats.count(Counter::Delegated);
         Some(jitted.bind(py).call(args, kwargs))
+    }
+
+    /// The cache entry of `call`: among the latest calls' entries where `recent` (compared only
+    /// where the call was flattened against its tree), else by the signature's hash; else the
+    /// hash that its miss keys, or why it has none.
+    #[inline]
+    fn find(
+        &self,
+        call: &LiveCall<'_, '_>,
+        latest: Option<&Arc<Cached>>,
+        recent: bool,
+    ) -> PyResult<Found> {
+        if recent {
+            let found = self.cache.probe_recent(latest, |signature| {
+                Ok::<_, PyErr>(
+                    Arc::ptr_eq(&signature.tree, &call.tree) && matches(signature, call)?,
+                )
+            })?;
+            if let Some(cached) = found {
+                return Ok(Found::Entry(cached, "recent"));
+            }
+        }
+        let hash = match call.hash()? {
+            Ok(hash) => hash,
+            Err(why) => return Ok(Found::Unkeyable(why)),
+        };
+        Ok(match self.cache.lookup(hash, |s| matches(s, call))? {
+            Some(cached) => Found::Entry(cached, "keyed"),
+            None => Found::Miss(hash),
+        })
     }
 
     /// Hands the call to JAX, counting why.
@@ -653,21 +691,16 @@ impl JitFunction {
         {
             return this.to_jax(py, this.reasons.unkeyable(why), args, kwargs);
         }
-        // A recent entry is compared only where the call was flattened against its tree.
-        let mut found = this.cache.probe_recent(latest.as_ref(), |signature| {
-            Ok::<_, PyErr>(Arc::ptr_eq(&signature.tree, &call.tree) && matches(signature, &call)?)
-        })?;
+        // After waiting for another thread's miss, the entry is looked up by hash only.
+        let mut first = true;
         loop {
-            let cached = if let Some(cached) = found.take() {
-                cached
-            } else {
-                let hash = match call.hash()? {
-                    Ok(hash) => hash,
-                    Err(why) => return this.to_jax(py, this.reasons.unkeyable(why), args, kwargs),
-                };
-                if let Some(cached) = this.cache.lookup(hash, |s| matches(s, &call))? {
-                    cached
-                } else {
+            let recent = std::mem::replace(&mut first, false);
+            let cached = match this.find(&call, latest.as_ref(), recent)? {
+                Found::Entry(cached, _) => cached,
+                Found::Unkeyable(why) => {
+                    return this.to_jax(py, this.reasons.unkeyable(why), args, kwargs);
+                }
+                Found::Miss(hash) => {
                     let Some(signature) = signature::keep(&call, hash)? else {
                         let reason = this.reasons.unkeyable(Unkeyable::Leaf);
                         return this.to_jax(py, reason, args, kwargs);
@@ -765,20 +798,12 @@ impl JitFunction {
         {
             return answer("fallback", None, Some(this.reasons.unkeyable(why)));
         }
-        let recent = this.cache.probe_recent(latest.as_ref(), |signature| {
-            Ok::<_, PyErr>(Arc::ptr_eq(&signature.tree, &call.tree) && matches(signature, &call)?)
-        })?;
-        let (cached, path) = if let Some(cached) = recent {
-            (cached, "recent")
-        } else {
-            let hash = match call.hash()? {
-                Ok(hash) => hash,
-                Err(why) => return answer("fallback", None, Some(this.reasons.unkeyable(why))),
-            };
-            match this.cache.lookup(hash, |s| matches(s, &call))? {
-                Some(cached) => (cached, "keyed"),
-                None => return answer("miss", None, None),
+        let (cached, path) = match this.find(&call, latest.as_ref(), true)? {
+            Found::Entry(cached, path) => (cached, path),
+            Found::Unkeyable(why) => {
+                return answer("fallback", None, Some(this.reasons.unkeyable(why)));
             }
+            Found::Miss(_) => return answer("miss", None, None),
         };
         match cached.outcome() {
             Some(Outcome::Run(entry)) => {
