@@ -145,3 +145,34 @@ def test_stats_count_what_it_stopped():
     with fastpjit.no_recompiles(), pytest.raises(fastpjit.RecompileError):
         f(jnp.ones(5), jnp.ones(5))
     assert fastpjit.stats()["recompiles_stopped"] == before + 1
+
+
+def test_a_stream_of_numpy_arrays_handed_to_jax_stays_on_fastpjits_path_and_raises():
+    # A one-device function fed a new numpy array on every call hands such calls to JAX's own
+    # dispatch, which would compile a new shape silently; inside the guard they stay here.
+    def step(x):
+        return x * 2
+
+    f = fastpjit.jit(step)
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        f(rng.standard_normal((8, 4)).astype(np.float32))
+    assert fastpjit.explain(f, np.ones((8, 4), np.float32)).outcome == "fallback"
+    with fastpjit.no_recompiles():
+        f(rng.standard_normal((8, 4)).astype(np.float32))  # a hit on fastpjit's path
+        with pytest.raises(fastpjit.RecompileError, match="shape differs"):
+            f(rng.standard_normal((4, 4)).astype(np.float32))
+
+
+def test_a_call_that_cannot_be_described_raises_saying_so():
+    import optax
+
+    def step(x, state):
+        return x + 1
+
+    f = fastpjit.jit(step)
+    f(jnp.ones(4), optax.EmptyState())
+    with fastpjit.no_recompiles(), pytest.raises(fastpjit.RecompileError) as error:
+        f(jnp.ones(5), optax.EmptyState())
+    assert "cannot be described: a pytree node of type EmptyState" in str(error.value)
+    assert "Nothing is cached" not in str(error.value)

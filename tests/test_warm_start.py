@@ -335,3 +335,10 @@ def test_a_call_under_a_mesh_context_replays_under_it(mesh, tmp_path):
         out = fresh(jax.device_put(np.ones((8, 4), np.float32), NamedSharding(mesh, P("x"))))
     assert fastpjit.stats()["cache_misses"] == before
     np.testing.assert_array_equal(out, 2.0)
+
+
+def test_an_empty_named_tuple_is_a_pytree_node_not_a_leaf():
+    import optax
+
+    with pytest.raises(warm_start.Unrecordable, match="a pytree node of type EmptyState"):
+        warm_start.describe_call((optax.EmptyState(),), {}, set(), set())

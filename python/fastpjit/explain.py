@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -249,26 +248,26 @@ def nearest_differences(
 
 # -- no_recompiles ----------------------------------------------------------------------------
 
-_guard = threading.local()
-
 
 def recompiles_allowed() -> bool:
     """False inside `no_recompiles` on this thread."""
-    return not getattr(_guard, "depth", 0)
+    return _core.recompile_guard(0) == 0
 
 
 class no_recompiles(contextlib.ContextDecorator):  # noqa: N801 - used like a function
     """Inside it, on this thread, a call of a fastpjit function that would trace and compile
     (a miss of a jit, pjit or pmap function) raises `fastpjit.RecompileError`, whose message
     says what differs from the signatures cached. As a decorator, it guards each call of the
-    function it decorates. Like `jax.transfer_guard`, it is per thread."""
+    function it decorates. Like `jax.transfer_guard`, it is per thread. Calls that fastpjit
+    would hand to JAX's own dispatch (a stream of new numpy arrays) stay on fastpjit's path
+    inside it, so that their misses raise too."""
 
     def __enter__(self) -> no_recompiles:
-        _guard.depth = getattr(_guard, "depth", 0) + 1
+        _core.recompile_guard(1)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        _guard.depth -= 1
+        _core.recompile_guard(-1)
 
 
 def check_recompile(name: str, log: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -324,6 +323,8 @@ class Explanation:
     in_shardings: tuple[Any, ...] | None
     out_shardings: tuple[Any, ...] | None
     note: str | None = None
+    # Whether the call's signature could be described (see `warm_start.describe_call`).
+    described: bool = True
 
     def __str__(self) -> str:
         kind = f" ({self.kind})" if self.kind else ""
@@ -347,8 +348,13 @@ class Explanation:
                     "The nearest cached signature shows no difference in what a record "
                     "holds (another cause: an evicted entry, an equal but other value)."
                 )
-        elif self.outcome == "miss":
+        elif self.outcome == "miss" and self.described:
             lines.append("Nothing is cached for this function yet.")
+        elif self.outcome == "miss":
+            lines.append(
+                "What differs from the cached signatures cannot be said: this call's "
+                "signature cannot be described."
+            )
         lines.append("Signature:")
         lines.extend(f"  {path}: {text}" for path, text in self.signature.items())
         if self.inputs is not None:
@@ -416,6 +422,7 @@ def _explanation(
         in_shardings=tuple(probe["in_shardings"]) if "in_shardings" in probe else None,
         out_shardings=tuple(probe["out_shardings"]) if "out_shardings" in probe else None,
         note=note,
+        described=call is not None,
     )
 
 

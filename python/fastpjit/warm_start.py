@@ -171,8 +171,12 @@ def _sort_key(item: tuple[Any, Any]) -> Any:
     return (type(item[0]).__name__, item[0])
 
 
+_LEAF_TREE: Any = jax.tree.structure(0)
+
+
 def _is_pytree_node(value: Any) -> bool:
-    return jax.tree_util.treedef_is_leaf(jax.tree.structure(value)) is False
+    # Every leaf has the tree of one leaf; a container, even an empty one, has another.
+    return bool(jax.tree.structure(value) != _LEAF_TREE)
 
 
 def describe_call(

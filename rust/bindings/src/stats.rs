@@ -59,6 +59,27 @@ pub fn set_timing(on: bool) -> bool {
     TIMING.swap(on, Ordering::Relaxed)
 }
 
+thread_local! {
+    /// How deep this thread is in `fastpjit.no_recompiles` blocks.
+    static RECOMPILE_GUARD: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Whether this thread is inside `fastpjit.no_recompiles`: its calls then stay on fastpjit's
+/// own path, whose misses raise, rather than going to JAX's dispatch, which would compile.
+pub fn recompiles_guarded() -> bool {
+    RECOMPILE_GUARD.with(std::cell::Cell::get) > 0
+}
+
+/// Enters (`delta` 1) or leaves (-1) a `no_recompiles` block on this thread, or reads (0);
+/// returns the depth.
+#[pyfunction]
+pub fn recompile_guard(delta: i32) -> u32 {
+    RECOMPILE_GUARD.with(|depth| {
+        depth.set(depth.get().saturating_add_signed(delta));
+        depth.get()
+    })
+}
+
 /// Calls that `fastpjit.no_recompiles` stopped, in all functions.
 static RECOMPILES_STOPPED: AtomicU64 = AtomicU64::new(0);
 /// How many names `FUNCTIONS` holds; the functions of further names share one entry.

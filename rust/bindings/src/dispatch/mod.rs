@@ -32,7 +32,7 @@ use pyo3::PyTraverseError;
 
 use crate::errors::DispatchError;
 use crate::handles::{handles, Handles};
-use crate::stats::{mark, Clock, Counter, FunctionStats, DELEGATED};
+use crate::stats::{mark, recompiles_guarded, Clock, Counter, FunctionStats, DELEGATED};
 pub use bound::BoundFunction;
 use context::LiveContext;
 pub(crate) use context::MAX_STATES;
@@ -665,7 +665,10 @@ impl JitFunction {
         let this = slf.get();
         let mut clock = Clock::start();
         let h = handles(py)?;
-        if this.delegation.delegates() && carries_numpy_array(h, args, kwargs) {
+        if this.delegation.delegates()
+            && !recompiles_guarded()
+            && carries_numpy_array(h, args, kwargs)
+        {
             if let Some(out) = this.delegate(py, args, kwargs) {
                 return out;
             }
@@ -777,6 +780,7 @@ impl JitFunction {
             Ok::<_, PyErr>(out.clone())
         };
         let delegating = this.delegation.delegates()
+            && !recompiles_guarded()
             && carries_numpy_array(h, args, kwargs)
             && !matches!(*lock(&this.jax_dispatch), JaxDispatch::None);
         if delegating {
