@@ -92,7 +92,7 @@ fn cache_lookups(c: &mut Criterion) {
     group.bench_function("by_hash", |b| {
         b.iter(|| black_box(cache.lookup(black_box(17), matches(17)).unwrap().is_some()));
     });
-    let mut memo = BoundedMap::new(8192);
+    let mut memo = BoundedMap::<usize, usize>::new(8192);
     for address in 0..4096usize {
         let _ = memo.insert(address * 64, address);
     }

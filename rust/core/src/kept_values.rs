@@ -13,21 +13,36 @@ use std::hash::Hasher;
 
 use rustc_hash::FxHasher;
 
+use crate::bounded::{BoundedMap, LeastRecent, Recency, UseStamp};
+
 /// How many copies one argument keeps, and how many fingerprints of values not kept.
 pub const KEPT_VALUES: usize = 4;
 
-/// The copies of one argument's recent values (`T`, a device array), most recent first.
+/// The copies of one argument's recent values (`T`, a device array), by the values' bytes.
 #[derive(Debug)]
 pub struct KeptValues<T> {
-    kept: Vec<(Box<[u8]>, T)>,
+    /// When full, the copy kept first goes (a hit writes nothing).
+    kept: BoundedMap<Box<[u8]>, Kept<T>, LeastRecent>,
     /// Fingerprints of the latest values placed without keeping a copy, most recent first.
     seen: Vec<u64>,
+}
+
+#[derive(Debug)]
+struct Kept<T> {
+    copy: T,
+    kept_at: UseStamp,
+}
+
+impl<T> Recency for Kept<T> {
+    fn last_used(&self) -> u64 {
+        self.kept_at.get()
+    }
 }
 
 impl<T> Default for KeptValues<T> {
     fn default() -> Self {
         Self {
-            kept: Vec::with_capacity(KEPT_VALUES),
+            kept: BoundedMap::new(KEPT_VALUES),
             seen: Vec::with_capacity(KEPT_VALUES),
         }
     }
@@ -36,10 +51,7 @@ impl<T> Default for KeptValues<T> {
 impl<T> KeptValues<T> {
     /// The copy kept of the value of these bytes.
     pub fn get(&self, bytes: &[u8]) -> Option<&T> {
-        self.kept
-            .iter()
-            .find(|(kept, _)| **kept == *bytes)
-            .map(|(_, copy)| copy)
+        self.kept.get(bytes).map(|kept| &kept.copy)
     }
 
     /// Whether a copy of the value of these bytes, which has none kept, is worth keeping: it
@@ -62,19 +74,16 @@ impl<T> KeptValues<T> {
         self.seen.len() == KEPT_VALUES
     }
 
-    /// Keeps `copy` of the value of these bytes, first. Returns the copies that no longer
-    /// are kept (an earlier copy of the same value, the least recent one), which the caller
-    /// drops where it likes (freeing a device array may run other threads).
+    /// Keeps `copy` of the value of these bytes. Returns the copies that no longer are kept
+    /// (an earlier copy of the same value, the one kept first), which the caller drops where
+    /// it likes (freeing a device array may run other threads).
     pub fn keep(&mut self, bytes: &[u8], copy: T) -> Vec<T> {
-        let mut dropped = Vec::new();
-        if let Some(at) = self.kept.iter().position(|(kept, _)| **kept == *bytes) {
-            dropped.push(self.kept.remove(at).1);
-        }
-        if self.kept.len() == KEPT_VALUES {
-            dropped.extend(self.kept.pop().map(|(_, copy)| copy));
-        }
-        self.kept.insert(0, (bytes.into(), copy));
-        dropped
+        let kept = Kept {
+            copy,
+            kept_at: UseStamp::now(),
+        };
+        let dropped = self.kept.insert(bytes.into(), kept).into_values();
+        dropped.into_iter().map(|kept| kept.copy).collect()
     }
 }
 

@@ -10,7 +10,7 @@
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::thread::{self, ThreadId};
 
-use crate::lru::{LruBuckets, Recency, SlotRef, UseStamp};
+use crate::bounded::{BoundedMap, LeastRecent, Recency, UseStamp};
 
 /// How many entries a call is compared with before its signature is hashed: those of the
 /// latest calls, so that alternating signatures are found without hashing either.
@@ -104,22 +104,22 @@ pub type Entry<S, E> = Arc<CacheEntry<S, E>>;
 
 /// A function's cache entries, bounded, least recently used evicted.
 pub struct EntryCache<S, E> {
-    entries: Mutex<LruBuckets<Entry<S, E>>>,
+    entries: Mutex<BoundedMap<u64, Entry<S, E>, LeastRecent>>,
     /// The entries of the latest hits and misses, most recent first: calls tend to repeat.
     recent: Mutex<Vec<Entry<S, E>>>,
 }
 
-/// A miss in progress: its entry, already in the cache, and its place there.
+/// A miss in progress: its entry, already in the cache under its signature's hash.
 pub struct Miss<S, E> {
     pub entry: Entry<S, E>,
-    at: SlotRef,
+    hash: u64,
 }
 
 impl<S, E> EntryCache<S, E> {
     /// An empty cache of at most `capacity` entries.
     pub fn new(capacity: usize) -> Self {
         Self {
-            entries: Mutex::new(LruBuckets::new(capacity)),
+            entries: Mutex::new(BoundedMap::new(capacity)),
             recent: Mutex::new(Vec::with_capacity(RECENT)),
         }
     }
@@ -161,7 +161,10 @@ impl<S, E> EntryCache<S, E> {
         hash: u64,
         mut matches: impl FnMut(&S) -> Result<bool, Err>,
     ) -> Result<Option<Entry<S, E>>, Err> {
-        let candidates = lock(&self.entries).bucket(hash);
+        let mut candidates = lock(&self.entries).bucket(&hash).to_vec();
+        if candidates.len() > 1 {
+            candidates.sort_by_key(|entry| std::cmp::Reverse(entry.last_used()));
+        }
         for entry in candidates {
             if matches(&entry.signature)? {
                 return Ok(Some(entry));
@@ -184,12 +187,13 @@ impl<S, E> EntryCache<S, E> {
     /// the cache now, so that other threads' calls of the signature wait for its outcome.
     pub fn begin_miss(&self, hash: u64, signature: S) -> Miss<S, E> {
         let entry = Arc::new(CacheEntry::compiling(signature));
-        let (at, evicted) = lock(&self.entries).insert(hash, entry.clone());
-        if let Some(evicted) = &evicted {
-            lock(&self.recent).retain(|r| !Arc::ptr_eq(r, evicted));
+        let evicted = lock(&self.entries).push(hash, entry.clone());
+        if !evicted.is_empty() {
+            let mut recent = lock(&self.recent);
+            recent.retain(|r| !evicted.values().any(|e| Arc::ptr_eq(r, e)));
         }
         drop(evicted);
-        Miss { entry, at }
+        Miss { entry, hash }
     }
 
     /// Ends `miss`: a failed one leaves the cache (the next call misses again), a finished
@@ -198,7 +202,8 @@ impl<S, E> EntryCache<S, E> {
         if succeeded {
             self.note_recent(&miss.entry);
         } else {
-            let removed = lock(&self.entries).remove(miss.at);
+            let is_it = |entry: &Entry<S, E>| Arc::ptr_eq(entry, &miss.entry);
+            let removed = lock(&self.entries).remove_where(&miss.hash, is_it);
             drop(removed);
         }
         miss.entry.finish();
@@ -234,7 +239,7 @@ impl<S, E> EntryCache<S, E> {
 
     /// Removes every entry, returning them for the caller to drop where it may.
     pub fn drain(&self) -> Vec<Entry<S, E>> {
-        let mut entries = lock(&self.entries).drain();
+        let mut entries = lock(&self.entries).clear().into_values();
         entries.append(&mut lock(&self.recent));
         entries
     }
