@@ -1,11 +1,11 @@
 //! `fastpjit._core`: the `PyO3` layer over `fastpjit_core`. It converts types and nothing more.
 
-mod cache;
 mod dispatch;
 mod errors;
 mod handles;
 mod host_memory;
 mod index_maps;
+mod memo;
 mod module_text;
 mod process_local;
 mod shard_buffer;

@@ -9,16 +9,16 @@ use numpy::{PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::{PySlice, PyTuple};
 
-use crate::cache::BoundedCache;
 use crate::errors::{sharding_error, shown, Error};
 use crate::handles::names;
 use crate::index_maps::{indexed_devices, shape_arg, IndexedDevice};
+use crate::memo::SharedMemo;
 use crate::sharding::view;
 use crate::transfer::{host_value, id, put, PutPlan};
 
 /// Plans keyed by (sharding, dtype, local shape, global shape if given).
 type LocalKey = (usize, usize, Vec<usize>, Option<Vec<usize>>);
-static LOCAL_PLANS: BoundedCache<LocalKey, Arc<PutPlan>> = BoundedCache::new(256);
+static LOCAL_PLANS: SharedMemo<LocalKey, Arc<PutPlan>> = SharedMemo::new(256);
 
 pub fn plans_cached() -> usize {
     LOCAL_PLANS.len()

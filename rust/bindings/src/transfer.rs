@@ -9,11 +9,11 @@ use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMet
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyComplex, PyFloat, PyInt, PyList, PySlice, PyTuple};
 
-use crate::cache::BoundedCache;
 use crate::errors::{shown, Error};
 use crate::handles::{handles, names, Handles};
 use crate::host_memory::{empty_array, POOLED_BYTES};
 use crate::index_maps::{indexed_devices, IndexedDevice};
+use crate::memo::SharedMemo;
 use crate::shard_buffer::{spanned_bytes, ShardBuffer};
 use crate::stats::count_fallback;
 
@@ -27,7 +27,7 @@ type DtypePair = Arc<(Py<PyAny>, Py<PyAny>)>;
 
 /// The canonical dtype of each dtype seen, keyed by identity and by whether x64 is on (which
 /// `jax.enable_x64` can change at any time, per thread).
-static CANONICAL_DTYPES: BoundedCache<(usize, bool), DtypePair> = BoundedCache::new(256);
+static CANONICAL_DTYPES: SharedMemo<(usize, bool), DtypePair> = SharedMemo::new(256);
 
 fn canonical_dtype<'py>(dtype: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
     let py = dtype.py();
@@ -63,7 +63,7 @@ pub struct PutPlan {
 }
 
 type PutKey = (usize, usize, bool, Vec<usize>);
-static PUT_PLANS: BoundedCache<PutKey, Arc<PutPlan>> = BoundedCache::new(512);
+static PUT_PLANS: SharedMemo<PutKey, Arc<PutPlan>> = SharedMemo::new(512);
 
 fn put_plan(
     sharding: &Bound<'_, PyAny>,
@@ -522,7 +522,7 @@ struct GetPlan {
     on_cpu: bool,
 }
 
-static GET_PLANS: BoundedCache<(usize, Vec<usize>), Arc<GetPlan>> = BoundedCache::new(512);
+static GET_PLANS: SharedMemo<(usize, Vec<usize>), Arc<GetPlan>> = SharedMemo::new(512);
 
 fn get_plan(sharding: &Bound<'_, PyAny>, shape: &[usize]) -> PyResult<Arc<GetPlan>> {
     let key = (id(sharding), shape.to_vec());

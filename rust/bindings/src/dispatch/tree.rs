@@ -19,9 +19,9 @@ use pyo3::PyTraverseError;
 use rustc_hash::{FxHashMap, FxHasher};
 
 use super::signature::Unkeyable;
-use crate::cache::BoundedCache;
 use crate::errors::DispatchError;
 use crate::handles::{names, Handles};
+use crate::memo::SharedMemo;
 
 /// How deeply containers may nest in a tree read here. Reading a tree recurses, as do
 /// flattening a call against it and building outputs from it; a deeper tree is left to JAX,
@@ -68,7 +68,7 @@ pub struct DataclassFields {
 
 /// The fields of each type seen, by identity (held): `None` for a type that is no registered
 /// dataclass. Types are few and long-lived; the map forgets everything when full.
-static DATACLASSES: BoundedCache<usize, Arc<KnownType>> = BoundedCache::new(256);
+static DATACLASSES: SharedMemo<usize, Arc<KnownType>> = SharedMemo::new(256);
 
 /// A type, held, and its dataclass fields if it is a registered dataclass.
 type KnownType = (Py<PyType>, Option<Arc<DataclassFields>>);

@@ -6,11 +6,11 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use fastpjit_core::BoundedMap;
 
-pub struct BoundedCache<K, V> {
+pub struct SharedMemo<K, V> {
     entries: Mutex<BoundedMap<K, V>>,
 }
 
-impl<K: Eq + Hash, V: Clone> BoundedCache<K, V> {
+impl<K: Eq + Hash, V: Clone> SharedMemo<K, V> {
     pub const fn new(capacity: usize) -> Self {
         Self {
             entries: Mutex::new(BoundedMap::new(capacity)),
