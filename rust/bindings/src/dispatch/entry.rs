@@ -778,6 +778,16 @@ def check_private_copy(original, copy):
     assert np.array_equal(copy, before)
 
 
+def aligned_arange(n):
+    """`np.arange(n, dtype=np.float32)` at a 64-byte aligned address, which jaxlib adopts on
+    the CPU instead of copying it."""
+    buffer = np.zeros(4 * n + 64, np.uint8)
+    start = -buffer.ctypes.data % 64
+    array = buffer[start : start + 4 * n].view(np.float32)
+    array[...] = np.arange(n)
+    return array
+
+
 def device_ids(array):
     return sorted(d.id for d in array.devices())
 
@@ -1024,11 +1034,8 @@ def equal(a, b):
                 .unwrap()
                 .call_method1("SingleDeviceSharding", (device,))
                 .unwrap();
-            let x = np
-                .call_method1("arange", (4,))
-                .unwrap()
-                .call_method1("astype", ("float32",))
-                .unwrap();
+            // Memory that jaxlib would adopt: a copy kept must be placed from a snapshot.
+            let x = call(&m, "aligned_arange", (4,));
             let arg = |kept: bool| HostArg {
                 host: HostInput::new(&x, &target).unwrap(),
                 kept: kept.then(Mutex::default),

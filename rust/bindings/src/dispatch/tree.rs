@@ -772,6 +772,25 @@ tree_util.register_pytree_node(
 )
 
 
+class Tag:
+    """Node data or a dict key compared by value, all of one hash."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def __eq__(self, other):
+        return isinstance(other, Tag) and self.name == other.name
+
+    def __lt__(self, other):
+        return self.name < other.name
+
+    def __hash__(self):
+        return 0
+
+    def __repr__(self):
+        return f"Tag({self.name!r})"
+
+
 def nested(depth, leaf):
     for _ in range(depth):
         leaf = [leaf]
@@ -826,6 +845,18 @@ def differing():
         (Box([1], "tag"), Box([1], "other")),
         (Box([1], "tag"), Box([1, 2], "tag")),
         (Empty(), ()),
+        (Box([1], Tag("a")), Box([1], Tag("b"))),
+        (Params(1, 2, name=Tag("x")), Params(1, 2, name=Tag("y"))),
+        ({Tag("k"): 1}, {Tag("j"): 1}),
+    ]
+
+
+def alike():
+    """Pairs of trees of one structure, whose node data and dict keys are other objects."""
+    return [
+        (Box([1], Tag("a")), Box([2.0], Tag("a"))),
+        (Params(1, 2, name=Tag("x")), Params(3, 4, name=Tag("x"))),
+        ({Tag("k"): 1, Tag("j"): [2]}, {Tag("j"): [3], Tag("k"): 4}),
     ]
 "#;
 
@@ -849,10 +880,10 @@ def differing():
 
     fn derived<'py>(py: Python<'py>, args: &[Bound<'py, PyAny>]) -> Derived<'py> {
         let h = handles(py).unwrap();
-        match Tree::derive(py, h, args).unwrap() {
-            Ok(derived) => derived,
-            Err(_) => panic!("{args:?} is keyable"),
-        }
+        let Ok(derived) = Tree::derive(py, h, args).unwrap() else {
+            panic!("{args:?} is keyable");
+        };
+        derived
     }
 
     /// JAX's leaves of `value` (the oracle).
@@ -991,6 +1022,12 @@ def differing():
                 );
             }
             pairs.extend(differing);
+            let alike: Vec<(Bound<'_, PyAny>, Bound<'_, PyAny>)> =
+                cases.call_method0("alike").unwrap().extract().unwrap();
+            for (a, b) in &alike {
+                assert!(jax_structure(a).eq(jax_structure(b)).unwrap(), "{a} vs {b}");
+            }
+            pairs.extend(alike);
             for (a, b) in &pairs {
                 let equal = jax_structure(a).eq(jax_structure(b)).unwrap();
                 let (ta, tb) = (
