@@ -684,3 +684,406 @@ fn is_deleted(h: &Handles, array: &Bound<'_, PyAny>) -> PyResult<bool> {
         .call1((array,))?
         .is_truthy()
 }
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::CStr;
+
+    use pyo3::exceptions::{PyRuntimeError, PyValueError};
+    use pyo3::types::PyModule;
+
+    use super::*;
+    use crate::handles::handles;
+
+    /// Values to read, and what JAX and numpy say of them (the oracles).
+    const HELPERS: &CStr = cr#"
+import struct
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def scalar_bytes(value):
+    """A Python scalar's bits, little-endian, in 16 bytes."""
+    if isinstance(value, complex):
+        return struct.pack("<dd", value.real, value.imag)
+    if isinstance(value, float):
+        return struct.pack("<d", value) + bytes(8)
+    return struct.pack("<q", value) + bytes(8)
+
+
+def python_scalars():
+    nan = float("nan")
+    return [True, False, 0, 7, -1, 2**63 - 1, -(2**63), 0.0, -0.0, nan, float("inf"), 1.5,
+            complex(1, -2), complex(-0.0, 0.0)]
+
+
+def wide_ints():
+    """Ints beyond 64 bits, which JAX rejects when placed."""
+    return [2**63, -(2**63) - 1, 2**100]
+
+
+def numpy_scalars():
+    return [np.float32(1.5), np.float64(-0.0), np.float16(2), np.int8(-3), np.uint64(2**64 - 1),
+            np.bool_(True), np.complex64(1 - 2j), np.complex128(3 + 4j), np.int32(5)]
+
+
+def numpy_scalar_bytes(value):
+    return value.tobytes().ljust(16, b"\0")
+
+
+def keyed_arrays():
+    """C-ordered numpy arrays of at most 1 KiB."""
+    return [np.arange(6, dtype=np.int32).reshape(2, 3), np.zeros(0), np.array(3.0),
+            np.ones(128), np.arange(4, dtype=np.float16)[1:]]
+
+
+def unkeyed_arrays():
+    """Numpy arrays not C-ordered, or over 1 KiB."""
+    base = np.arange(6.0).reshape(2, 3)
+    return [base[:, ::2], np.asfortranarray(base), base.T, np.ones(129)]
+
+
+def cached_call_error(array):
+    """The error that JAX's cached call raises for `array`."""
+    f = jax.jit(lambda a: a * 2)
+    f(jnp.zeros(array.shape, array.dtype))
+    try:
+        f(array)
+    except Exception as err:
+        return err
+    raise AssertionError("JAX took the array")
+
+
+def donated():
+    """An array that a computation consumed."""
+    array = jnp.ones(3)
+    jax.jit(lambda a: a + 1, donate_argnums=0)(array)
+    return array
+
+
+def private_copy_cases():
+    base = np.arange(12.0).reshape(3, 4)
+    return [base, np.asfortranarray(base), base[:, ::2], base.T, np.array(5, dtype=np.int8)]
+
+
+def check_private_copy(original, copy):
+    """The copy is equal, C-ordered, of memory of its own: writing the original leaves it."""
+    assert type(copy) is np.ndarray and copy.dtype == original.dtype, (original, copy)
+    assert np.array_equal(copy, original) and copy.flags.c_contiguous and copy.flags.owndata
+    assert not np.shares_memory(copy, original)
+    before = copy.copy()
+    original[...] = 42
+    assert np.array_equal(copy, before)
+
+
+def aligned_arange(n):
+    """`np.arange(n, dtype=np.float32)` at a 64-byte aligned address, which jaxlib adopts on
+    the CPU instead of copying it."""
+    buffer = np.zeros(4 * n + 64, np.uint8)
+    start = -buffer.ctypes.data % 64
+    array = buffer[start : start + 4 * n].view(np.float32)
+    array[...] = np.arange(n)
+    return array
+
+
+def device_ids(array):
+    return sorted(d.id for d in array.devices())
+
+
+def equal(a, b):
+    return bool(np.array_equal(np.asarray(a), np.asarray(b), equal_nan=True))
+"#;
+
+    fn helpers(py: Python<'_>) -> Bound<'_, PyModule> {
+        py.import("fastpjit_entry_helpers").unwrap_or_else(|_| {
+            PyModule::from_code(
+                py,
+                HELPERS,
+                c"fastpjit_entry_helpers.py",
+                c"fastpjit_entry_helpers",
+            )
+            .unwrap()
+        })
+    }
+
+    fn call<'py>(
+        m: &Bound<'py, PyModule>,
+        name: &str,
+        args: impl pyo3::call::PyCallArgs<'py>,
+    ) -> Bound<'py, PyAny> {
+        m.call_method1(name, args).unwrap()
+    }
+
+    fn list<'py>(m: &Bound<'py, PyModule>, name: &str) -> Vec<Bound<'py, PyAny>> {
+        m.call_method0(name).unwrap().extract().unwrap()
+    }
+
+    /// The bytes that key the device copies of `leaf`, a leaf the dispatcher keys.
+    fn value_bytes(h: &Handles, leaf: &Bound<'_, PyAny>) -> Option<Vec<u8>> {
+        let key = LiveLeaf::read(h, leaf).unwrap().expect("a keyed leaf");
+        ValueBytes::of(leaf, &key).map(|bytes| bytes.as_slice().to_vec())
+    }
+
+    #[test]
+    fn a_host_values_bytes_are_its_value_bits_or_its_memory() {
+        Python::initialize();
+        Python::attach(|py| {
+            let h = handles(py).unwrap();
+            let m = helpers(py);
+            for (cases, oracle) in [
+                ("python_scalars", "scalar_bytes"),
+                ("numpy_scalars", "numpy_scalar_bytes"),
+            ] {
+                for value in list(&m, cases) {
+                    let expected: Vec<u8> = call(&m, oracle, (&value,)).extract().unwrap();
+                    assert_eq!(value_bytes(h, &value), Some(expected), "{value:?}");
+                }
+            }
+            // 0.0 and -0.0 have other bytes; two NaN objects the same.
+            let float = |v: f64| v.into_pyobject(py).unwrap().into_any();
+            assert_ne!(value_bytes(h, &float(0.0)), value_bytes(h, &float(-0.0)));
+            assert_eq!(
+                value_bytes(h, &float(f64::NAN)),
+                value_bytes(h, &float(f64::NAN))
+            );
+            for value in list(&m, "wide_ints") {
+                assert_eq!(value_bytes(h, &value), None, "{value:?}");
+            }
+            for array in list(&m, "keyed_arrays") {
+                let expected: Vec<u8> = array.call_method0("tobytes").unwrap().extract().unwrap();
+                assert_eq!(value_bytes(h, &array), Some(expected), "{array:?}");
+            }
+            for array in list(&m, "unkeyed_arrays") {
+                assert_eq!(value_bytes(h, &array), None, "{array:?}");
+            }
+            let jax_array = py
+                .import("jax.numpy")
+                .unwrap()
+                .call_method1("ones", (3,))
+                .unwrap();
+            assert_eq!(value_bytes(h, &jax_array), None);
+        });
+    }
+
+    #[test]
+    fn check_live_raises_jaxs_errors_for_deleted_and_donated_arrays() {
+        Python::initialize();
+        Python::attach(|py| {
+            let h = handles(py).unwrap();
+            let m = helpers(py);
+            let array = py
+                .import("jax.numpy")
+                .unwrap()
+                .call_method1("ones", (3,))
+                .unwrap();
+            assert!(!is_deleted(h, &array).unwrap());
+            check_live(h, &array, 0).unwrap();
+            array.call_method0("delete").unwrap();
+            assert!(is_deleted(h, &array).unwrap());
+            // Deleted: JAX's error, type and message.
+            let ours = check_live(h, &array, 0).unwrap_err();
+            let theirs = call(&m, "cached_call_error", (&array,));
+            assert!(ours.is_instance_of::<PyRuntimeError>(py), "{ours}");
+            assert!(ours.get_type(py).is(theirs.get_type()));
+            assert_eq!(ours.value(py).to_string(), theirs.to_string());
+            // Donated: the ValueError of JAX's cached call, which names the argument.
+            let donated = m.call_method0("donated").unwrap();
+            assert!(is_deleted(h, &donated).unwrap());
+            let ours = check_live(h, &donated, 2).unwrap_err();
+            let theirs = call(&m, "cached_call_error", (&donated,));
+            assert!(ours.is_instance_of::<PyValueError>(py), "{ours}");
+            assert!(ours.get_type(py).is(theirs.get_type()));
+            let message = ours.value(py).to_string();
+            assert!(
+                message.contains("argument 2") && message.contains("shape=float32[3]"),
+                "{message}"
+            );
+        });
+    }
+
+    #[test]
+    fn a_private_copy_is_c_ordered_in_memory_of_its_own() {
+        Python::initialize();
+        Python::attach(|py| {
+            let m = helpers(py);
+            for array in list(&m, "private_copy_cases") {
+                let copy = private_copy(&array).unwrap();
+                call(&m, "check_private_copy", (&array, &copy));
+            }
+            let not_an_array = PyList::new(py, [1, 2]).unwrap();
+            assert!(private_copy(not_an_array.as_any()).is_err());
+        });
+    }
+
+    /// `array` on the device of `copy`'s target (device 1), as `copy` copies it.
+    fn copied<'py>(
+        h: &Handles,
+        m: &Bound<'py, PyModule>,
+        copy: &CopyInput,
+        array: &Bound<'py, PyAny>,
+    ) -> Bound<'py, PyAny> {
+        let out = copy.copied(h, array).unwrap();
+        let ids: Vec<usize> = call(m, "device_ids", (&out,)).extract().unwrap();
+        assert_eq!(ids, [1]);
+        assert!(call(m, "equal", (&out, array)).is_truthy().unwrap());
+        assert!(!is_deleted(h, &out).unwrap());
+        out
+    }
+
+    /// `leaf` placed as `arg` places it, with its value.
+    fn placed<'py>(
+        h: &Handles,
+        m: &Bound<'py, PyModule>,
+        arg: &HostArg,
+        leaf: &Bound<'py, PyAny>,
+        guarded: bool,
+    ) -> Bound<'py, PyAny> {
+        let key = LiveLeaf::read(h, leaf).unwrap().unwrap();
+        let (out, _) = arg.place(h, leaf, &key, guarded).unwrap();
+        assert!(call(m, "equal", (&out, leaf)).is_truthy().unwrap());
+        out
+    }
+
+    #[test]
+    fn an_array_on_another_device_is_copied_and_its_latest_copy_used_again() {
+        Python::initialize();
+        Python::attach(|py| {
+            let h = handles(py).unwrap();
+            let m = helpers(py);
+            let jax = py.import("jax").unwrap();
+            let sharding = py.import("jax.sharding").unwrap();
+            let devices = jax.call_method0("devices").unwrap();
+            let on = |device: usize| {
+                sharding
+                    .call_method1("SingleDeviceSharding", (devices.get_item(device).unwrap(),))
+                    .unwrap()
+            };
+            let array_on_0 = |start: f64| {
+                let values = py
+                    .import("jax.numpy")
+                    .unwrap()
+                    .call_method1("arange", (start, start + 4.0))
+                    .unwrap();
+                jax.call_method1("device_put", (values, devices.get_item(0).unwrap()))
+                    .unwrap()
+            };
+            let x = array_on_0(0.0);
+            let own = h.arrays.array_sharding.bind(py).call1((&x,)).unwrap();
+            let input = |target: Bound<'_, PyAny>, donated: bool| {
+                array_input(h, &x, &own, target.unbind(), donated).unwrap()
+            };
+            // On its own device it passes; on a mesh of two it is moved.
+            assert!(matches!(input(on(0), false), Input::Pass));
+            let mesh = jax.call_method1("make_mesh", ((2,), ("a",))).unwrap();
+            let spec = sharding.call_method0("PartitionSpec").unwrap();
+            let two = sharding
+                .call_method1("NamedSharding", (mesh, spec))
+                .unwrap();
+            assert!(matches!(input(two, false), Input::Move(_)));
+            // On another device it is copied, and its copy kept unless donated.
+            let Input::Copy(copy) = input(on(1), false) else {
+                panic!("a copy");
+            };
+            assert!(copy.latest.is_some());
+            let Input::Copy(consumed) = input(on(1), true) else {
+                panic!("a copy");
+            };
+            assert!(consumed.latest.is_none());
+
+            let copied = |copy: &CopyInput, array| copied(h, &m, copy, array);
+            // The copy is kept from the second call in a row with the array, and used again.
+            let first = copied(&copy, &x);
+            let second = copied(&copy, &x);
+            assert!(!second.is(&first));
+            assert!(copied(&copy, &x).is(&second));
+            assert!(copied(&copy, &x).is(&second));
+            // Another array is copied, and the copy kept of the first is let go.
+            let y = array_on_0(10.0);
+            assert!(!copied(&copy, &y).is(&second));
+            assert!(!copied(&copy, &x).is(&second));
+            // A kept copy that was deleted is copied anew.
+            let kept = copied(&copy, &x);
+            assert!(copied(&copy, &x).is(&kept));
+            kept.call_method0("delete").unwrap();
+            let fresh = copied(&copy, &x);
+            assert!(!fresh.is(&kept));
+            // (That copy is not kept: the rule starts over, and keeps the next one.)
+            let again = copied(&copy, &x);
+            assert!(copied(&copy, &x).is(&again));
+            // A donated argument's copy is never kept.
+            let once = copied(&consumed, &x);
+            for _ in 0..3 {
+                assert!(!copied(&consumed, &x).is(&once));
+            }
+        });
+    }
+
+    #[test]
+    fn a_host_value_is_placed_from_its_kept_copy_only_while_its_bytes_are_the_same() {
+        Python::initialize();
+        Python::attach(|py| {
+            let h = handles(py).unwrap();
+            let m = helpers(py);
+            let np = py.import("numpy").unwrap();
+            let jax = py.import("jax").unwrap();
+            let device = jax.call_method0("devices").unwrap().get_item(0).unwrap();
+            let target = py
+                .import("jax.sharding")
+                .unwrap()
+                .call_method1("SingleDeviceSharding", (device,))
+                .unwrap();
+            // Memory that jaxlib would adopt: a copy kept must be placed from a snapshot.
+            let x = call(&m, "aligned_arange", (4,));
+            let arg = |kept: bool| HostArg {
+                host: HostInput::new(&x, &target).unwrap(),
+                kept: kept.then(Mutex::default),
+            };
+            let place = |arg: &HostArg, leaf, guarded| placed(h, &m, arg, leaf, guarded);
+            let host = arg(true);
+            // Kept from the second placing of the same bytes, and used again.
+            let first = place(&host, &x, false);
+            let second = place(&host, &x, false);
+            assert!(!second.is(&first));
+            assert!(place(&host, &x, false).is(&second));
+            // An equal array, another object, has the same bytes.
+            let equal = x.call_method0("copy").unwrap();
+            assert!(place(&host, &equal, false).is(&second));
+            // The caller writes its array: its new bytes are placed, and the copy kept holds
+            // the bytes it was kept for (it was placed from a snapshot).
+            let before = x.call_method0("copy").unwrap();
+            x.set_item(0, 100).unwrap();
+            assert!(!place(&host, &x, false).is(&second));
+            assert!(call(&m, "equal", (&second, &before)).is_truthy().unwrap());
+            x.set_item(0, 0).unwrap();
+            assert!(place(&host, &x, false).is(&second));
+            // A kept copy that was deleted is placed anew.
+            second.call_method0("delete").unwrap();
+            let fresh = place(&host, &x, false);
+            assert!(!fresh.is(&second));
+            assert!(place(&host, &x, false).is(&fresh));
+            // Under the transfer guard, and for a donated argument, every placing is new.
+            assert!(!place(&host, &x, true).is(&fresh));
+            let consumed = arg(false);
+            let once = place(&consumed, &x, false);
+            for _ in 0..3 {
+                assert!(!place(&consumed, &x, false).is(&once));
+            }
+            // Python scalars are kept by their bits: 0.0 and -0.0 apart.
+            let zero = 0.0f64.into_pyobject(py).unwrap().into_any();
+            let scalar = HostArg {
+                host: HostInput::new(&zero, &target).unwrap(),
+                kept: Some(Mutex::default()),
+            };
+            place(&scalar, &zero, false);
+            let kept = place(&scalar, &zero, false);
+            assert!(place(&scalar, &zero, false).is(&kept));
+            let negative = (-0.0f64).into_pyobject(py).unwrap().into_any();
+            let out = place(&scalar, &negative, false);
+            assert!(!out.is(&kept));
+            let signbit = np.call_method1("signbit", (&out,)).unwrap();
+            assert!(signbit.is_truthy().unwrap());
+        });
+    }
+}

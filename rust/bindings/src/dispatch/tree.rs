@@ -720,3 +720,420 @@ fn flatten_into<'a, 'py>(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::CStr;
+
+    use pyo3::exceptions::PyRuntimeError;
+    use pyo3::types::PyModule;
+
+    use super::super::leaf::SeenArrays;
+    use super::*;
+    use crate::handles::handles;
+
+    /// Trees to read, and JAX's flattening of them, the oracle. Defined once per process: a
+    /// class is registered with JAX's registry once.
+    const CASES: &CStr = cr#"
+import collections
+import dataclasses
+import typing
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+tree_util = jax.tree_util
+
+Point = collections.namedtuple("Point", ["x", "y"])
+
+
+class Empty(typing.NamedTuple):
+    pass
+
+
+@dataclasses.dataclass
+class Params:
+    w: object
+    b: object
+    name: str = "p"
+
+
+tree_util.register_dataclass(Params, data_fields=["w", "b"], meta_fields=["name"])
+
+
+class Box:
+    def __init__(self, items, tag):
+        self.items, self.tag = items, tag
+
+
+tree_util.register_pytree_node(
+    Box, lambda box: (tuple(box.items), box.tag), lambda tag, items: Box(list(items), tag)
+)
+
+
+class Tag:
+    """Node data or a dict key compared by value, all of one hash."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def __eq__(self, other):
+        return isinstance(other, Tag) and self.name == other.name
+
+    def __lt__(self, other):
+        return self.name < other.name
+
+    def __hash__(self):
+        return 0
+
+    def __repr__(self):
+        return f"Tag({self.name!r})"
+
+
+def nested(depth, leaf):
+    for _ in range(depth):
+        leaf = [leaf]
+    return leaf
+
+
+def builtin():
+    """Trees of builtin containers (and bare leaves), every leaf one the dispatcher keys."""
+    return [
+        {"b": 1, "a": (2.0, None), "c": [np.float32(3), {"z": np.ones(2), "y": 5}]},
+        {3: 1.0, 1: 2.0, 2: [3, True]},
+        [(), None, {}, [[]]],
+        (),
+        None,
+        1.5,
+        jnp.arange(3),
+        (1 + 2j, np.int8(4)),
+        nested(20, 7),
+    ]
+
+
+def other():
+    """Trees with nodes that JAX's registry takes apart."""
+    return [
+        Point(1, {"q": 2, "p": [3, 4]}),
+        Params(w=np.zeros(3), b=(1.0, 2.0)),
+        Box([1, (2, 3)], "tag"),
+        Empty(),
+        (Point(Params(1, [2]), Box([], "t")), [Empty(), None, {"k": Box([4.0], 0)}]),
+    ]
+
+
+def twin(tree):
+    """The same structure with other leaf objects, its dicts built in sorted key order."""
+    return tree_util.tree_map(lambda leaf: leaf * 2, tree)
+
+
+def differing():
+    """Pairs of trees whose structures differ, one way each."""
+    base = {"b": 1, "a": (2.0, None)}
+    return [
+        (base, {"b": 1, "d": (2.0, None)}),
+        (base, {"b": 1, "a": (2.0, None), "c": 3}),
+        (base, {"b": 1, "a": [2.0, None]}),
+        ((1, 2), (1, 2, 3)),
+        ([1, 2], [1]),
+        ([1, 2], (1, 2)),
+        ((1, None), (1, 2)),
+        ([[1]], [1]),
+        (Point(1, 2), (1, 2)),
+        (Params(1, 2), Params(1, 2, name="q")),
+        (Box([1], "tag"), Box([1], "other")),
+        (Box([1], "tag"), Box([1, 2], "tag")),
+        (Empty(), ()),
+        (Box([1], Tag("a")), Box([1], Tag("b"))),
+        (Params(1, 2, name=Tag("x")), Params(1, 2, name=Tag("y"))),
+        ({Tag("k"): 1}, {Tag("j"): 1}),
+    ]
+
+
+def alike():
+    """Pairs of trees of one structure, whose node data and dict keys are other objects."""
+    return [
+        (Box([1], Tag("a")), Box([2.0], Tag("a"))),
+        (Params(1, 2, name=Tag("x")), Params(3, 4, name=Tag("x"))),
+        ({Tag("k"): 1, Tag("j"): [2]}, {Tag("j"): [3], Tag("k"): 4}),
+    ]
+"#;
+
+    fn cases(py: Python<'_>) -> Bound<'_, PyModule> {
+        py.import("fastpjit_tree_cases").unwrap_or_else(|_| {
+            PyModule::from_code(py, CASES, c"fastpjit_tree_cases.py", c"fastpjit_tree_cases")
+                .unwrap()
+        })
+    }
+
+    /// The values that `name()` of the cases gives.
+    fn values<'py>(cases: &Bound<'py, PyModule>, name: &str) -> Vec<Bound<'py, PyAny>> {
+        cases
+            .getattr(name)
+            .unwrap()
+            .call0()
+            .unwrap()
+            .extract()
+            .unwrap()
+    }
+
+    fn derived<'py>(py: Python<'py>, args: &[Bound<'py, PyAny>]) -> Derived<'py> {
+        let h = handles(py).unwrap();
+        let Ok(derived) = Tree::derive(py, h, args).unwrap() else {
+            panic!("{args:?} is keyable");
+        };
+        derived
+    }
+
+    /// JAX's leaves of `value` (the oracle).
+    fn jax_leaves<'py>(value: &Bound<'py, PyAny>) -> Vec<Bound<'py, PyAny>> {
+        value
+            .py()
+            .import("jax.tree_util")
+            .unwrap()
+            .call_method1("tree_leaves", (value,))
+            .unwrap()
+            .extract()
+            .unwrap()
+    }
+
+    /// JAX's treedef of `value`.
+    fn jax_structure<'py>(value: &Bound<'py, PyAny>) -> Bound<'py, PyAny> {
+        value
+            .py()
+            .import("jax.tree_util")
+            .unwrap()
+            .call_method1("tree_structure", (value,))
+            .unwrap()
+    }
+
+    /// The leaves are JAX's, the same objects in the same order.
+    fn assert_same_leaves(what: &Bound<'_, PyAny>, ours: &[Bound<'_, PyAny>]) {
+        let theirs = jax_leaves(what);
+        assert_eq!(
+            ours.len(),
+            theirs.len(),
+            "{what}: {ours:?} vs JAX's {theirs:?}"
+        );
+        for (i, (a, b)) in ours.iter().zip(&theirs).enumerate() {
+            assert!(a.is(b), "{what}: leaf {i} is {a}, JAX's is {b}");
+        }
+    }
+
+    #[test]
+    fn derive_gives_jaxs_leaves_in_jaxs_order() {
+        Python::initialize();
+        Python::attach(|py| {
+            let cases = cases(py);
+            let mut all = values(&cases, "builtin");
+            all.extend(values(&cases, "other"));
+            for value in &all {
+                let (tree, leaves) = derived(py, std::slice::from_ref(value));
+                assert_same_leaves(value, &leaves);
+                assert_eq!(tree.num_leaves, leaves.len());
+                // One argument is flat where JAX's treedef is a bare leaf (one node, one leaf:
+                // None and () are one node of no leaves).
+                let treedef = jax_structure(value);
+                let count =
+                    |name: &str| -> usize { treedef.getattr(name).unwrap().extract().unwrap() };
+                let is_leaf = count("num_nodes") == 1 && count("num_leaves") == 1;
+                assert_eq!(tree.flat, is_leaf, "{value}");
+            }
+            // Several arguments flatten as the tuple of them.
+            let (tree, leaves) = derived(py, &all);
+            assert_same_leaves(PyTuple::new(py, &all).unwrap().as_any(), &leaves);
+            assert!(!tree.flat);
+            let bare = [
+                1.5f64.into_pyobject(py).unwrap().into_any(),
+                2i64.into_pyobject(py).unwrap().into_any(),
+            ];
+            assert!(derived(py, &bare).0.flat);
+        });
+    }
+
+    #[test]
+    fn a_tree_flattens_values_of_its_structure_as_jax_does() {
+        Python::initialize();
+        Python::attach(|py| {
+            let h = handles(py).unwrap();
+            let cases = cases(py);
+            let twin = cases.getattr("twin").unwrap();
+            let mut all = values(&cases, "builtin");
+            all.extend(values(&cases, "other"));
+            for value in &all {
+                let (tree, _) = derived(py, std::slice::from_ref(value));
+                // The value itself (its dicts' keys in the order read), and a twin with other
+                // leaves (its dicts built in sorted order, read by looking keys up).
+                let other = twin.call1((value,)).unwrap();
+                for value in [value, &other] {
+                    let mut leaves = Vec::new();
+                    assert!(tree
+                        .flatten(h, std::slice::from_ref(value), &mut leaves)
+                        .unwrap());
+                    assert_same_leaves(value, &leaves);
+                }
+            }
+            let mut leaves = Vec::new();
+            assert!(tree_of(py, &all).flatten(h, &all, &mut leaves).unwrap());
+            assert_same_leaves(PyTuple::new(py, &all).unwrap().as_any(), &leaves);
+            // Fewer or more arguments than the tree's do not flatten.
+            assert!(!tree_of(py, &all)
+                .flatten(h, &all[1..], &mut Vec::new())
+                .unwrap());
+            assert!(!tree_of(py, &all[1..])
+                .flatten(h, &all, &mut Vec::new())
+                .unwrap());
+        });
+    }
+
+    fn tree_of(py: Python<'_>, args: &[Bound<'_, PyAny>]) -> Tree {
+        derived(py, args).0
+    }
+
+    #[test]
+    fn trees_are_the_same_where_jaxs_treedefs_are_equal() {
+        Python::initialize();
+        Python::attach(|py| {
+            let h = handles(py).unwrap();
+            let cases = cases(py);
+            let twin = cases.getattr("twin").unwrap();
+            let mut all = values(&cases, "builtin");
+            all.extend(values(&cases, "other"));
+            // Every pair of cases, and each case with its twin.
+            let mut pairs = Vec::new();
+            for a in &all {
+                pairs.push((a.clone(), twin.call1((a,)).unwrap()));
+                for b in &all {
+                    pairs.push((a.clone(), b.clone()));
+                }
+            }
+            let differing: Vec<(Bound<'_, PyAny>, Bound<'_, PyAny>)> = cases
+                .getattr("differing")
+                .unwrap()
+                .call0()
+                .unwrap()
+                .extract()
+                .unwrap();
+            for (a, b) in &differing {
+                assert!(
+                    !jax_structure(a).eq(jax_structure(b)).unwrap(),
+                    "{a} vs {b}"
+                );
+            }
+            pairs.extend(differing);
+            let alike: Vec<(Bound<'_, PyAny>, Bound<'_, PyAny>)> =
+                cases.call_method0("alike").unwrap().extract().unwrap();
+            for (a, b) in &alike {
+                assert!(jax_structure(a).eq(jax_structure(b)).unwrap(), "{a} vs {b}");
+            }
+            pairs.extend(alike);
+            for (a, b) in &pairs {
+                let equal = jax_structure(a).eq(jax_structure(b)).unwrap();
+                let (ta, tb) = (
+                    tree_of(py, std::slice::from_ref(a)),
+                    tree_of(py, std::slice::from_ref(b)),
+                );
+                assert_eq!(ta.same(py, &tb).unwrap(), equal, "{a} vs {b}");
+                assert_eq!(tb.same(py, &ta).unwrap(), equal, "{b} vs {a}");
+                if equal {
+                    assert_eq!(ta.hash, tb.hash, "{a} vs {b}");
+                }
+                // A value flattens against the other's tree where they are the same. A leaf of
+                // a tree takes any value, so a value with a container (or None) where the tree
+                // has a leaf flattens too: the dispatcher reads the leaves next, and refuses
+                // such a leaf (then derives the tree anew).
+                let mut leaves = Vec::new();
+                let flattened = ta.flatten(h, std::slice::from_ref(b), &mut leaves).unwrap();
+                if equal {
+                    assert!(flattened, "{b} against the tree of {a}");
+                } else if flattened {
+                    let keys = SeenArrays::default().read_all(h, &leaves).unwrap();
+                    assert!(keys.is_none(), "{b} against the tree of {a}: {leaves:?}");
+                }
+            }
+        });
+    }
+
+    #[test]
+    fn values_not_read_here_are_unkeyable() {
+        Python::initialize();
+        Python::attach(|py| {
+            let h = handles(py).unwrap();
+            let unkeyable = |value: Bound<'_, PyAny>| {
+                let args = [value];
+                Tree::derive(py, h, &args).unwrap().err()
+            };
+            let object = py.import("builtins").unwrap().getattr("object").unwrap();
+            // A leaf that is no array or scalar, alone or in a container.
+            let leaf = object.call0().unwrap();
+            assert!(matches!(unkeyable(leaf.clone()), Some(Unkeyable::Leaf)));
+            let dict = PyDict::new(py);
+            dict.set_item("a", 1).unwrap();
+            dict.set_item("b", (2, "text")).unwrap();
+            assert!(matches!(unkeyable(dict.into_any()), Some(Unkeyable::Leaf)));
+            // Containers as deep as MAX_DEPTH are read; deeper ones are not.
+            let nested = cases(py).getattr("nested").unwrap();
+            let deepest = nested.call1((MAX_DEPTH, 1)).unwrap();
+            let (_, leaves) = derived(py, std::slice::from_ref(&deepest));
+            assert_same_leaves(&deepest, &leaves);
+            let deeper = nested.call1((MAX_DEPTH + 1, 1)).unwrap();
+            assert!(matches!(unkeyable(deeper), Some(Unkeyable::Deep)));
+        });
+    }
+
+    #[test]
+    fn a_builtin_treedef_rebuilds_what_jax_unflattens() {
+        Python::initialize();
+        Python::attach(|py| {
+            let cases = cases(py);
+            for value in values(&cases, "builtin") {
+                let treedef = jax_structure(&value);
+                let Some(tree) = Tree::of_builtin_treedef(&treedef).unwrap() else {
+                    panic!("{treedef} is builtin");
+                };
+                assert!(tree
+                    .same(py, &tree_of(py, std::slice::from_ref(&value)))
+                    .unwrap());
+                let count: usize = treedef.getattr("num_leaves").unwrap().extract().unwrap();
+                assert_eq!(tree.num_leaves, count);
+                // New leaf objects, one per leaf.
+                let leaves = PyList::new(py, (0..count).map(|i| format!("leaf {i}"))).unwrap();
+                let ours = tree.unflatten(&leaves).unwrap();
+                let theirs = treedef.call_method1("unflatten", (&leaves,)).unwrap();
+                // The same containers, dict keys in the same order, the same leaf objects.
+                assert_eq!(
+                    ours.repr().unwrap().to_string(),
+                    theirs.repr().unwrap().to_string()
+                );
+                assert!(jax_structure(&ours).eq(&treedef).unwrap());
+                assert_same_leaves(&ours, &leaves.iter().collect::<Vec<_>>());
+                // Too few or too many leaves are refused.
+                if count > 0 {
+                    let fewer = PyList::new(py, leaves.iter().skip(1)).unwrap();
+                    let err = tree.unflatten(&fewer).unwrap_err();
+                    assert!(err.is_instance_of::<PyRuntimeError>(py), "{err}");
+                }
+                leaves.append(0).unwrap();
+                let err = tree.unflatten(&leaves).unwrap_err();
+                assert!(err.is_instance_of::<PyRuntimeError>(py), "{err}");
+            }
+            // Trees with another node, and trees too deep to build here, are left to JAX.
+            let nested = cases.getattr("nested").unwrap();
+            let mut others = values(&cases, "other");
+            others.push(nested.call1((2 * MAX_DEPTH, 1)).unwrap());
+            others.push(
+                PyList::new(py, [values(&cases, "other").remove(0)])
+                    .unwrap()
+                    .into_any(),
+            );
+            for value in others {
+                let treedef = jax_structure(&value);
+                assert!(
+                    Tree::of_builtin_treedef(&treedef).unwrap().is_none(),
+                    "{treedef}"
+                );
+            }
+        });
+    }
+}
