@@ -878,6 +878,13 @@ def alike():
             .unwrap()
     }
 
+    /// The builtin cases, then the others.
+    fn every_case<'py>(cases: &Bound<'py, PyModule>) -> Vec<Bound<'py, PyAny>> {
+        let mut all = values(cases, "builtin");
+        all.extend(values(cases, "other"));
+        all
+    }
+
     fn derived<'py>(py: Python<'py>, args: &[Bound<'py, PyAny>]) -> Derived<'py> {
         let h = handles(py).unwrap();
         let Ok(derived) = Tree::derive(py, h, args).unwrap() else {
@@ -926,8 +933,7 @@ def alike():
         Python::initialize();
         Python::attach(|py| {
             let cases = cases(py);
-            let mut all = values(&cases, "builtin");
-            all.extend(values(&cases, "other"));
+            let all = every_case(&cases);
             for value in &all {
                 let (tree, leaves) = derived(py, std::slice::from_ref(value));
                 assert_same_leaves(value, &leaves);
@@ -959,8 +965,7 @@ def alike():
             let h = handles(py).unwrap();
             let cases = cases(py);
             let twin = cases.getattr("twin").unwrap();
-            let mut all = values(&cases, "builtin");
-            all.extend(values(&cases, "other"));
+            let all = every_case(&cases);
             for value in &all {
                 let (tree, _) = derived(py, std::slice::from_ref(value));
                 // The value itself (its dicts' keys in the order read), and a twin with other
@@ -998,8 +1003,7 @@ def alike():
             let h = handles(py).unwrap();
             let cases = cases(py);
             let twin = cases.getattr("twin").unwrap();
-            let mut all = values(&cases, "builtin");
-            all.extend(values(&cases, "other"));
+            let all = every_case(&cases);
             // Every pair of cases, and each case with its twin.
             let mut pairs = Vec::new();
             for a in &all {
