@@ -9,6 +9,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -27,6 +28,16 @@ def mean_over_devices(x):
     return jax.lax.pmean(x, "i")
 
 
+OPTIMIZER = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(1e-2))
+
+
+def train_step(params, opt_state, x, y):
+    """An optax step: its state is a tuple of NamedTuples (ScaleByAdamState, EmptyState)."""
+    loss, grads = jax.value_and_grad(lambda p: jnp.mean((x @ p["w"] + p["b"] - y) ** 2))(params)
+    updates, opt_state = OPTIMIZER.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+
 def functions():
     """The functions each process makes again, by the names they are saved under."""
     mesh = jax.make_mesh((2, 4), ("x", "y"))
@@ -43,6 +54,7 @@ def functions():
     )
     bound_layer = jit_layer.bind(params(mesh, 16))
     fns = {
+        "train": fastpjit.jit(train_step),
         "layer": jit_layer,
         "power": jit_power,
         "pmap": pmapped,
@@ -66,6 +78,10 @@ def params(mesh, width):
 def calls(mesh, sharded, fns):
     """The calls served: (name, args, kwargs, the jax.jit function to compare against)."""
     out = []
+    for batch in (8, 16):
+        model = {"w": jnp.full((4, 2), 0.1), "b": jnp.zeros(2)}
+        data = (np.ones((batch, 4), np.float32), np.ones((batch, 2), np.float32))
+        out.append(("train", (model, OPTIMIZER.init(model), *data), {}, jax.jit(train_step)))
     for width, batch in ((16, 8), (16, 16), (32, 8)):
         x = jax.device_put(np.ones((batch, width), np.float32), sharded)
         out.append(("layer", (params(mesh, width), x), {"scale": 2.0}, jax.jit(layer)))

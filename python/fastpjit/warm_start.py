@@ -3,9 +3,10 @@
 
 A record is data, never code: JSON with a schema version and the versions that wrote it. A
 signature holds each argument's kind, shape, dtype, weak type, commitment and sharding (mesh
-shape, axis names, device ids and spec), the static arguments that are JSON values, keyword
-names, and the configuration that keys a call (x64). Replaying one calls the function once on
-zero-filled arguments of that signature, so that its first real call is a cache hit.
+shape, axis names, device ids and spec), its tree (tuples, lists, dicts, None, and NamedTuples
+by the name of their type), the static arguments that are JSON values, keyword names, and the
+configuration that keys a call (x64). Replaying one calls the function once on zero-filled
+arguments of that signature, so that its first real call is a cache hit.
 """
 
 from __future__ import annotations
@@ -15,7 +16,10 @@ import dataclasses
 import importlib.metadata
 import json
 import math
+import operator
 import os
+import re
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -32,7 +36,8 @@ from fastpjit._jax.xla_compile import thread_compile_events
 __all__ = ["SignatureLog", "WarmUpReport", "load_record", "save_signatures", "warm_up"]
 
 SCHEMA = "fastpjit.signatures"
-SCHEMA_VERSION = 1
+# 2: NamedTuple nodes.
+SCHEMA_VERSION = 2
 # Bounds on what a record may hold, so that a hostile one cannot exhaust memory or the stack.
 MAX_RECORD_BYTES = 64 << 20
 MAX_DEPTH = 64
@@ -162,9 +167,47 @@ def _node(value: Any, depth: int = 0) -> Any:
                 for k, v in sorted(value.items(), key=_sort_key)
             ]
         }
+    if isinstance(value, tuple) and hasattr(type(value), "_fields"):
+        return {"namedtuple": _named_tuple(value, depth)}
     if _is_pytree_node(value):
         raise Unrecordable(f"a pytree node of type {type(value).__qualname__}")
     return {"leaf": _leaf(value)}
+
+
+def _named_tuple(value: tuple[Any, ...], depth: int) -> dict[str, Any]:
+    """A NamedTuple (optax's states, say) by the name of its type, which a replay finds among
+    the modules that its process has imported; one that JAX takes apart otherwise than by its
+    fields, or that no name finds, cannot be recorded."""
+    kind = type(value)
+    name = f"{kind.__module__}:{kind.__qualname__}"
+    children, tree = jax.tree.flatten(value, is_leaf=lambda x: x is not value)
+    try:
+        again = kind(*value)
+    except Exception:
+        again = None
+    rebuilt: Any = jax.tree.structure(again, is_leaf=lambda x: x is not again)
+    if rebuilt != tree or len(children) != len(value) or any(map(operator.is_not, children, value)):
+        raise Unrecordable(f"a pytree node of type {kind.__qualname__}, not made of its fields")
+    if not _NAME.fullmatch(name) or _named_type(name) is not kind:
+        raise Unrecordable(f"a NamedTuple {name} that another process cannot find by its name")
+    return {
+        "type": name,
+        "fields": list(kind._fields),
+        "children": [_node(v, depth + 1) for v in value],
+    }
+
+
+_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+
+
+def _named_type(name: str) -> Any:
+    """The type of this `module:qualname` in a module already imported, or None: finding it
+    imports nothing, so that a record never runs code."""
+    module, _, qualname = name.partition(":")
+    found: Any = sys.modules.get(module)
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+    return found
 
 
 def _sort_key(item: tuple[Any, Any]) -> Any:
@@ -318,6 +361,9 @@ def save_signatures(path: str | os.PathLike[str], functions: Mapping[str, Any]) 
     return record
 
 
+_NODE_KEYS = "leaf, tuple, list, dict, none, namedtuple"
+
+
 class _Checker:
     """Checks a loaded record against the schema, naming where it is wrong."""
 
@@ -427,7 +473,7 @@ class _Checker:
         if depth > MAX_DEPTH:
             self.fail(where, f"at most {MAX_DEPTH} levels of nesting", "deeper")
         if not isinstance(node, dict) or len(node) != 1:
-            self.fail(where, "an object with one of the keys leaf, tuple, list, dict, none", node)
+            self.fail(where, f"an object with one of the keys {_NODE_KEYS}", node)
         ((tag, value),) = node.items()
         if tag == "none":
             if value is not None:
@@ -441,10 +487,24 @@ class _Checker:
                     self.fail(f"{where}[{i}]", "a [key, value] pair", item)
                 self.static(item[0], f"{where}[{i}].key", depth + 1)
                 self.node(item[1], f"{where}[{i}].value", depth + 1)
+        elif tag == "namedtuple":
+            self.obj(value, where, {"type", "fields", "children"})
+            name = self.typed(value["type"], str, f"{where}.type", "a string")
+            if not _NAME.fullmatch(name):
+                self.fail(f"{where}.type", "a type's module:qualname", name)
+            fields = self.typed(value["fields"], list, f"{where}.fields", "a list")
+            for i, field in enumerate(fields):
+                if not isinstance(field, str) or not field.isidentifier():
+                    self.fail(f"{where}.fields[{i}]", "a field name", field)
+            children = self.typed(value["children"], list, f"{where}.children", "a list")
+            if len(children) != len(fields):
+                self.fail(f"{where}.children", f"{len(fields)} children, one a field", children)
+            for i, item in enumerate(children):
+                self.node(item, f"{where}.children[{i}]", depth + 1)
         elif tag == "leaf":
             self.leaf(value, f"{where}.leaf")
         else:
-            self.fail(where, "one of the keys leaf, tuple, list, dict, none", tag)
+            self.fail(where, f"one of the keys {_NODE_KEYS}", tag)
 
     def leaf(self, leaf: Any, where: str) -> None:
         kind = self.typed(leaf, dict, where, "an object").get("kind")
@@ -663,7 +723,22 @@ class _Rebuilder:
             return [self.node(v) for v in value]
         if tag == "dict":
             return {self.static(k): self.node(v) for k, v in value}
+        if tag == "namedtuple":
+            return self.named_tuple(value)
         return self.leaf(value)
+
+    def named_tuple(self, node: dict[str, Any]) -> Any:
+        name, fields = node["type"], tuple(node["fields"])
+        kind = _named_type(name)
+        if kind is None:
+            raise Skipped(
+                f"the NamedTuple {name} is not found in the modules this process imported"
+            )
+        if not (isinstance(kind, type) and issubclass(kind, tuple)) or (
+            getattr(kind, "_fields", None) != fields
+        ):
+            raise Skipped(f"{name} is no longer a NamedTuple of the fields {list(fields)}")
+        return kind(*(self.node(v) for v in node["children"]))
 
     def argument(self, arg: dict[str, Any]) -> Any:
         if arg.keys() == {"static"}:
