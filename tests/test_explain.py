@@ -109,6 +109,25 @@ def test_a_miss_on_a_sharding_a_static_value_x64_and_a_mesh_context(mesh):
         }
 
 
+def test_named_tuples_are_walked_by_field(mesh):
+    import optax
+
+    def step(params, state, x):
+        updates, state = optax.adam(1e-3).update(params, state, params)
+        return optax.apply_updates(params, updates), state
+
+    f = fastpjit.jit(step)
+    params = {"w": jnp.ones((4, 2))}
+    state = optax.adam(1e-3).init(params)
+    f(params, state, jnp.ones(2))
+    text = str(unchanged(f, params, state, jnp.ones(2)))
+    assert "args[1][0].mu['w']: jax.Array float32[4,2]" in text
+    assert "args[1][1]: empty NamedTuple optax._src.base:EmptyState" in text
+    wider = optax.adam(1e-3).init({"w": jnp.ones((8, 2))})
+    differences = unchanged(f, params, wider, jnp.ones(2)).differences
+    assert {(d.what, d.path) for d in differences} >= {("shape", "args[1][0].mu['w']")}
+
+
 def test_the_first_call_misses_with_nothing_cached():
     report = unchanged(new_jit(), jnp.ones(2), jnp.ones(2))
     assert report.outcome == "miss" and report.differences is None

@@ -55,6 +55,11 @@ def _rows(node: dict[str, Any], path: str, rows: dict[str, str]) -> None:
             rows[path] = "empty dict"
         for key, item in value:
             _rows(item, f"{path}[{_static_text(key)}]", rows)
+    elif tag == "namedtuple":
+        if not value["fields"]:
+            rows[path] = f"empty NamedTuple {value['type']}"
+        for field, item in zip(value["fields"], value["children"], strict=True):
+            _rows(item, f"{path}.{field}", rows)
     else:
         rows[path] = _leaf_text(value)
 
@@ -192,6 +197,10 @@ def _leaves(signature: dict[str, Any]) -> dict[str, dict[str, Any]]:
             leaves[path] = {"container": "dict", "keys": [k for k, _ in value]}
             for key, item in value:
                 walk(item, f"{path}[{_static_text(key)}]")
+        elif tag == "namedtuple":
+            leaves[path] = {"container": value["type"], "fields": value["fields"]}
+            for field, item in zip(value["fields"], value["children"], strict=True):
+                walk(item, f"{path}.{field}")
         else:
             leaves[path] = {"container": "none"}
 
