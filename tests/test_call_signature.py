@@ -885,3 +885,30 @@ def test_a_namedtuple_registered_as_a_custom_node_flattens_as_registered():
     ours, theirs = both(lambda r: r.a - 2 * r.b)
     for r in (Reversed(jnp.arange(3.0), jnp.ones(3)), Reversed(jnp.ones(3), jnp.arange(3.0))):
         assert_same_outputs(ours(r), theirs(r))
+
+
+@pytest.mark.timeout(120)
+def test_sharding_values_past_the_memo_s_bound_are_forgotten_and_calls_stay_right():
+    """Each sharding value seen takes an id, remembered for at most 1,024 values; past that
+    bound every value is forgotten and takes a new id. A call whose sharding object is new and
+    equal to a cached signature's then misses once, and its results stay JAX's."""
+    import itertools
+
+    f = fastpjit.jit(fresh(lambda x: x * 2))
+    host = np.arange(8.0, dtype=np.float32)
+    first = jax.device_put(host, NamedSharding(jax.make_mesh((8,), ("x",)), P("x")))
+    f(first)
+    # Reading a call's signature (what explain does, without running it) remembers the value
+    # of its sharding: 1,100 meshes of the 8 devices in other orders are 1,100 values.
+    orders = itertools.islice(itertools.permutations(DEVICES), 1, 1101)
+    for order in orders:
+        sharding = NamedSharding(jax.sharding.Mesh(np.array(order), ("x",)), P("x"))
+        assert fastpjit.explain(f, jax.device_put(host, sharding)).outcome == "miss"
+    before = fastpjit.stats()["cache_misses"]
+    again = jax.device_put(host, NamedSharding(jax.make_mesh((8,), ("x",)), P("x")))
+    assert again.sharding is not first.sharding and again.sharding == first.sharding
+    np.testing.assert_array_equal(f(again), host * 2)
+    np.testing.assert_array_equal(f(again), host * 2)
+    assert f(again).sharding == jax.jit(lambda x: x * 2)(again).sharding
+    assert fastpjit.stats()["cache_misses"] - before == 1
+    assert fastpjit.explain(f, again).outcome == "hit"

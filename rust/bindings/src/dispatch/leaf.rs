@@ -17,7 +17,6 @@ use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyComplex, PyFloat, PyInt, PyTuple, PyWeakrefReference};
 use pyo3::PyTraverseError;
-use rustc_hash::FxHashMap;
 
 use crate::handles::{names, Handles};
 
@@ -283,7 +282,9 @@ type Memo<V> = BoundedMap<usize, (Py<PyAny>, V)>;
 struct LeafMemo {
     avals: Memo<Arc<AvalValue>>,
     shardings: Memo<ShardingId>,
-    representatives: FxHashMap<isize, Vec<(Py<PyAny>, ShardingId)>>,
+    /// By hash; when full, every id is new after it forgets, and signatures kept with old ids
+    /// miss, no more.
+    representatives: BoundedMap<isize, (Py<PyAny>, ShardingId)>,
     next_id: ShardingId,
 }
 
@@ -298,7 +299,7 @@ fn with_memo<R>(f: impl FnOnce(&mut LeafMemo) -> R) -> R {
     let memo = guard.get_or_insert_with(|| LeafMemo {
         avals: Memo::new(MEMO_AVALS),
         shardings: Memo::new(MEMO_SHARDINGS),
-        representatives: FxHashMap::default(),
+        representatives: BoundedMap::new(MEMO_SHARDING_VALUES),
         next_id: 0,
     });
     f(memo)
@@ -365,11 +366,8 @@ pub fn sharding_id(sharding: &Bound<'_, PyAny>) -> PyResult<ShardingId> {
     let py = sharding.py();
     let hash = sharding.hash()?;
     let representatives: Vec<(Py<PyAny>, ShardingId)> = with_memo(|memo| {
-        memo.representatives
-            .get(&hash)
-            .map_or_else(Vec::new, |found| {
-                found.iter().map(|(r, i)| (r.clone_ref(py), *i)).collect()
-            })
+        let found = memo.representatives.bucket(&hash);
+        found.iter().map(|(r, i)| (r.clone_ref(py), *i)).collect()
     });
     let mut found = None;
     for (representative, id) in &representatives {
@@ -378,40 +376,29 @@ pub fn sharding_id(sharding: &Bound<'_, PyAny>) -> PyResult<ShardingId> {
             break;
         }
     }
-    let evicted = with_memo(|memo| {
-        let mut evicted = Vec::new();
-        let id = found.unwrap_or_else(|| {
-            if memo.representatives.values().map(Vec::len).sum::<usize>() >= MEMO_SHARDING_VALUES {
-                // Every id is new after this; signatures kept with old ones miss, no more.
-                evicted.extend(
-                    memo.representatives
-                        .drain()
-                        .flat_map(|(_, v)| v)
-                        .map(|(r, _)| r),
-                );
-            }
+    let (id, forgotten) = with_memo(|memo| {
+        let (id, forgotten_representatives) = if let Some(id) = found {
+            (id, None)
+        } else {
             memo.next_id += 1;
             let id = memo.next_id;
-            memo.representatives
-                .entry(hash)
-                .or_default()
-                .push((sharding.clone().unbind(), id));
-            id
-        });
+            let representative = (sharding.clone().unbind(), id);
+            (id, Some(memo.representatives.push(hash, representative)))
+        };
         let forgotten = memo
             .shardings
             .insert(address, (sharding.clone().unbind(), id));
-        (id, (evicted, forgotten))
+        (id, (forgotten_representatives, forgotten))
     });
-    let (id, evicted) = evicted;
-    drop(evicted);
+    // Released after the lock: freeing Python objects can run Python.
+    drop(forgotten);
     Ok(id)
 }
 
 /// Forgets every aval and sharding remembered (`jax.clear_caches()`).
 pub fn clear_memo() {
     let evicted = with_memo(|memo| {
-        let representatives: Vec<_> = memo.representatives.drain().collect();
+        let representatives = memo.representatives.clear();
         (memo.avals.clear(), memo.shardings.clear(), representatives)
     });
     drop(evicted);
