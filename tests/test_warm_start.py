@@ -158,6 +158,19 @@ def named(name, fields, children):
     return {"namedtuple": {"type": name, "fields": fields, "children": children}}
 
 
+def test_a_replay_finds_named_tuples_without_running_a_module_s_code(monkeypatch):
+    import types
+
+    asked = []
+    lazy = types.ModuleType("fastpjit_lazy_module")
+    lazy.__getattr__ = lambda name: asked.append(name) or Moments  # a lazy import, say
+    monkeypatch.setitem(sys.modules, "fastpjit_lazy_module", lazy)
+    node = named("fastpjit_lazy_module:Moments", ["count", "mu", "nu"], [{"none": None}] * 3)
+    with pytest.raises(warm_start.Skipped, match="not found in the modules"):
+        warm_start._Rebuilder().node(node)
+    assert asked == []
+
+
 def test_a_named_tuple_this_process_lacks_or_changed_is_skipped():
     leaf = warm_start._node(1.0)
     for name, fields, words in [

@@ -201,12 +201,16 @@ _NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*
 
 
 def _named_type(name: str) -> Any:
-    """The type of this `module:qualname` in a module already imported, or None: finding it
-    imports nothing, so that a record never runs code."""
+    """The type of this `module:qualname` in a module already imported, or None. Finding it
+    reads the namespaces' dicts: no import, no module `__getattr__`, so that a record never
+    runs code."""
     module, _, qualname = name.partition(":")
     found: Any = sys.modules.get(module)
     for part in qualname.split("."):
-        found = getattr(found, part, None)
+        namespace = getattr(found, "__dict__", None)
+        if not isinstance(namespace, Mapping):
+            return None
+        found = namespace.get(part)
     return found
 
 
