@@ -101,10 +101,7 @@ impl HloSharding {
                 partitions: vec![1; ndim],
                 unreduced: num_devices,
                 replicas: 1,
-                order: DeviceOrder::Iota {
-                    reshape: vec![num_devices],
-                    perm: Vec::new(),
-                },
+                order: DeviceOrder::in_order(num_devices),
             }),
             Self::Tiled {
                 dims,

@@ -500,10 +500,7 @@ mod tests {
                 rng.shuffle(&mut list);
                 DeviceOrder::Explicit(list)
             }
-            1 => DeviceOrder::Iota {
-                reshape: vec![total],
-                perm: vec![],
-            },
+            1 => DeviceOrder::in_order(total),
             _ => {
                 // Split the devices into random factors and transpose them.
                 let mut reshape = Vec::new();

@@ -18,6 +18,14 @@ pub enum DeviceOrder {
 }
 
 impl DeviceOrder {
+    /// Devices 0 to `n - 1` in order: `<=[n]`.
+    pub fn in_order(n: usize) -> Self {
+        Self::Iota {
+            reshape: vec![n],
+            perm: Vec::new(),
+        }
+    }
+
     pub fn len(&self) -> usize {
         match self {
             Self::Iota { reshape, .. } => reshape.iter().product(),
@@ -43,10 +51,7 @@ impl DeviceOrder {
     pub fn normalized(self) -> Self {
         match self {
             Self::Iota { reshape, perm } if perm.iter().enumerate().all(|(i, &p)| i == p) => {
-                Self::Iota {
-                    reshape: vec![reshape.iter().product()],
-                    perm: Vec::new(),
-                }
+                Self::in_order(reshape.iter().product())
             }
             other => other,
         }
@@ -513,10 +518,7 @@ pub(crate) mod tests {
 
     #[test]
     fn iota_without_transpose_counts_up() {
-        let order = DeviceOrder::Iota {
-            reshape: vec![8],
-            perm: vec![],
-        };
+        let order = DeviceOrder::in_order(8);
         assert_eq!(order.positions(), (0..8).collect::<Vec<_>>());
     }
 
@@ -553,10 +555,7 @@ pub(crate) mod tests {
             partitions: vec![4, 2],
             unreduced: 1,
             replicas: 1,
-            order: DeviceOrder::Iota {
-                reshape: vec![8],
-                perm: vec![],
-            },
+            order: DeviceOrder::in_order(8),
         };
         assert_eq!(
             layout.check(1, 8),

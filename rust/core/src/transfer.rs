@@ -241,10 +241,7 @@ mod tests {
             partitions: vec![parts, 1],
             unreduced: 1,
             replicas,
-            order: DeviceOrder::Iota {
-                reshape: vec![parts * replicas],
-                perm: vec![],
-            },
+            order: DeviceOrder::in_order(parts * replicas),
         };
         IndexMap::new(&layout, &[rows, cols], parts * replicas).unwrap()
     }
@@ -337,10 +334,7 @@ mod tests {
             partitions: vec![1, 2],
             unreduced: 1,
             replicas: 1,
-            order: DeviceOrder::Iota {
-                reshape: vec![2],
-                perm: vec![],
-            },
+            order: DeviceOrder::in_order(2),
         };
         let map = IndexMap::new(&layout, &[4, 32], 2).unwrap();
         let staging = Staging {
