@@ -125,27 +125,19 @@ class Difference:
         )
 
 
+# What keys a call besides its arguments: (the signature's config key, its name, its text).
+_CONFIG: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
+    ("jax_enable_x64", "x64 (jax_enable_x64)", str),
+    ("mesh", "mesh context (jax.set_mesh)", lambda mesh: _mesh_text(mesh)),
+)
+
+
 def _differences(call: dict[str, Any], cached: dict[str, Any]) -> list[Difference]:
     out = []
     ours, theirs = call["config"], cached["config"]
-    if ours["jax_enable_x64"] != theirs["jax_enable_x64"]:
-        out.append(
-            Difference(
-                "x64 (jax_enable_x64)",
-                "config",
-                str(ours["jax_enable_x64"]),
-                str(theirs["jax_enable_x64"]),
-            )
-        )
-    if ours["mesh"] != theirs["mesh"]:
-        out.append(
-            Difference(
-                "mesh context (jax.set_mesh)",
-                "config",
-                _mesh_text(ours["mesh"]),
-                _mesh_text(theirs["mesh"]),
-            )
-        )
+    for key, what, text in _CONFIG:
+        if ours[key] != theirs[key]:
+            out.append(Difference(what, "config", text(ours[key]), text(theirs[key])))
     if sorted(call["kwargs"]) != sorted(cached["kwargs"]):
         out.append(
             Difference(
