@@ -403,6 +403,17 @@ def train_step(params, x, y):
     return jax.tree.map(lambda p, g: p - 0.01 * g, params, grads), value
 
 
+def _training_rows(kind: str, width: int) -> list[tuple[str, Callable[[], Sides]]]:
+    """The training-step rows of `kind` on `width` devices: a small and a mid-sized batch."""
+    return [
+        (
+            f"training step, a new {size} numpy batch ({n_rows}×{features}) every step",
+            partial(_training_batches, kind, width, n_rows, features),
+        )
+        for n_rows, features, size in ((32, 16, "small"), (1024, 256, "mid-sized"))
+    ]
+
+
 def _training_batches(kind: str, d: int, rows: int, features: int) -> Sides:
     """A training step fed a new numpy batch (x, y) every step, as data loaders feed it: 16
     distinct batches of `rows` × `features` float32, cycled; the parameters are the step's own
@@ -569,15 +580,7 @@ def cases(widths: tuple[int, ...], process_devices: int | None = None) -> list[C
         rows.append(
             case("jit(f)(x): a new jit function on every call", partial(_rewrapped, d), "jit", d)
         )
-        for n_rows, features, size in ((32, 16, "small"), (1024, 256, "mid-sized")):
-            rows.append(
-                case(
-                    f"training step, a new {size} numpy batch ({n_rows}×{features}) every step",
-                    partial(_training_batches, "jit", d, n_rows, features),
-                    "jit",
-                    d,
-                )
-            )
+        rows += [case(name, fn, "jit", d) for name, fn in _training_rows("jit", d)]
     if max(widths) > 1:
         # An uncommitted array on device 0, and in_shardings on device 1: JAX's dispatch copies
         # it there in C++ on every call; fastpjit copies it with jaxlib, and uses the copy again
@@ -610,15 +613,7 @@ def cases(widths: tuple[int, ...], process_devices: int | None = None) -> list[C
                 "g(f(x)): a pmap of a previous pmap's output", partial(_chained_pmaps, d), "pmap", d
             )
         )
-        for n_rows, features, size in ((32, 16, "small"), (1024, 256, "mid-sized")):
-            rows.append(
-                case(
-                    f"training step, a new {size} numpy batch ({n_rows}×{features}) every step",
-                    partial(_training_batches, "pmap", d, n_rows, features),
-                    "pmap",
-                    d,
-                )
-            )
+        rows += [case(name, fn, "pmap", d) for name, fn in _training_rows("pmap", d)]
     for n in (1, 2, 8):
         rows.append(
             case(f"f(x) on {n} thread{'s' if n > 1 else ''}", partial(_threads, n, 1), "threads", 1)
