@@ -215,6 +215,13 @@ fn fetch(py: Python<'_>) -> PyResult<Handles> {
 }
 
 impl Handles {
+    /// Whether `value` is a jax.Array of jaxlib's own type (`ArrayImpl`, not a subclass), which
+    /// the dispatcher reads without calling Python.
+    #[inline]
+    pub fn is_array(&self, value: &Bound<'_, PyAny>) -> bool {
+        std::ptr::eq(value.get_type_ptr(), self.arrays.array_impl.as_ptr().cast())
+    }
+
     /// Whether jaxlib's transfer guard watches host-to-device transfers now, on this thread.
     pub fn host_transfers_guarded(&self, py: Python<'_>) -> PyResult<bool> {
         self.transfers_guarded(names(py).host_to_device.bind(py))

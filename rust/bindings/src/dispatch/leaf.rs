@@ -52,10 +52,10 @@ impl<'py> LiveLeaf<'py> {
     /// an object JAX rejects), which JAX's own path handles.
     pub fn read(h: &Handles, leaf: &Bound<'py, PyAny>) -> PyResult<Option<Self>> {
         let py = leaf.py();
-        let kind = leaf.get_type_ptr();
-        if std::ptr::eq(kind, h.arrays.array_impl.as_ptr().cast()) {
+        if h.is_array(leaf) {
             return Self::array(h, leaf).map(Some);
         }
+        let kind = leaf.get_type_ptr();
         if let Some(kind) = scalar_kind(leaf) {
             return Ok(Some(Self::Scalar(kind)));
         }
@@ -179,9 +179,7 @@ impl SeenArrays {
         position: usize,
         leaf: &Bound<'py, PyAny>,
     ) -> PyResult<Option<LiveLeaf<'py>>> {
-        if position >= SEEN_POSITIONS
-            || !std::ptr::eq(leaf.get_type_ptr(), h.arrays.array_impl.as_ptr().cast())
-        {
+        if position >= SEEN_POSITIONS || !h.is_array(leaf) {
             return LiveLeaf::read(h, leaf);
         }
         let live = LiveLeaf::array(h, leaf)?;

@@ -197,13 +197,10 @@ impl JitFunction {
         all: &Bound<'_, PyTuple>,
         rest: usize,
     ) -> PyResult<Option<BoundPath>> {
-        let is_array = |leaf: &Bound<'_, PyAny>| {
-            std::ptr::eq(leaf.get_type_ptr(), h.arrays.array_impl.as_ptr().cast())
-        };
         let rest_args = &all.as_slice()[all.len() - rest..];
         if !self.statics.argnums.is_empty()
             || !self.statics.argnames.is_empty()
-            || !rest_args.iter().all(is_array)
+            || !rest_args.iter().all(|arg| h.is_array(arg))
         {
             return Ok(None);
         }
@@ -224,7 +221,7 @@ impl JitFunction {
             return Ok(None);
         }
         for (leaf, key) in leaves.iter().zip(&signature.leaves) {
-            if !is_array(leaf) || !is_key_of(key, h, leaf)? {
+            if !h.is_array(leaf) || !is_key_of(key, h, leaf)? {
                 return Ok(None);
             }
         }
@@ -276,8 +273,7 @@ impl JitFunction {
         };
         let keys = &signature.leaves[own];
         for (arg, key) in rest.iter().zip(keys) {
-            let is_array = std::ptr::eq(arg.get_type_ptr(), h.arrays.array_impl.as_ptr().cast());
-            if !is_array || !is_key_of(key, h, &arg)? {
+            if !h.is_array(&arg) || !is_key_of(key, h, &arg)? {
                 return Ok(None);
             }
         }

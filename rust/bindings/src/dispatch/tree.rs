@@ -607,8 +607,7 @@ fn one_level<'py>(h: &Handles, value: &Bound<'py, PyAny>) -> PyResult<Option<One
 /// or scalar, a Python scalar of an exact builtin type.
 fn is_leaf_type(h: &Handles, value: &Bound<'_, PyAny>) -> bool {
     let py = value.py();
-    let kind = value.get_type_ptr();
-    std::ptr::eq(kind, h.arrays.array_impl.as_ptr().cast())
+    h.is_array(value)
         || super::leaf::scalar_kind(value).is_some()
         || value
             .is_instance(h.arrays.ndarray.bind(py))
