@@ -25,6 +25,7 @@ from jax._src import sharding as jax_sharding
 from jax._src.lib import xla_client as xc
 from jax._src.sharding_impls import GSPMDSharding
 from jax._src.sharding_impls import device_replica_id_map as jax_device_replica_id_map
+from lines import by_line
 from xla_oracle import xla_verdict
 
 import fastpjit
@@ -404,7 +405,6 @@ def test_deep_nesting_raises_value_error_not_a_crash():
 
 # XLA's parser aborts, divides by zero, fails an allocation or copies past its array on these.
 XLA_CRASHES_ON = [
-    "{devices=[2,14]<=[8] last_tile_dim_replicate}",
     "{device=1 devices=[2]<=[2]}",
     "{devices=[2,2]<=[4] last_tile_dims={replicated} last_tile_dim_replicate}",
     "{devices=[2]0,1 last_tile_dim_replicate last_tile_dims={replicated}}",
@@ -420,19 +420,45 @@ XLA_CANNOT_ALLOCATE = [
 def test_text_xla_crashes_on_raises_value_error(text):
     kind, _ = xla_verdict(text)
     assert kind == "crash" or "bad_alloc" in _
+    assert_refused(text)
+
+
+def assert_refused(text):
     with pytest.raises(ValueError, match="column"):
         fastpjit.parse_hlo_sharding(text, DEVICES)
-    with pytest.raises(ValueError, match="column"):
+    with pytest.raises(ValueError, match="column") as ours:
         _core.canonical_hlo_sharding(text, None)
+    return str(ours.value)
 
 
-# XLA reads these, to shardings that make no sense: an iota of 4 devices for a grid of 8, a
-# transpose that is no permutation, a list of 2 devices for 1 tile (copied past its array),
-# no tiles at all.
+# Where the XLA of jaxlib 0.10 and the stricter one of 0.11 disagree, fastpjit reads as the
+# stricter one on every line: each text, and XLA's verdict on each line.
+XLA_GREW_STRICTER = [
+    # An iota of 8 devices for a grid of 28 tiles: 0.10 aborts.
+    ("{devices=[2,14]<=[8] last_tile_dim_replicate}", "crash"),
+    # An iota of 4 devices for a grid of 8, a list of 2 devices for 1 tile (0.10 copies past
+    # its array): 0.10 reads them as nonsense.
+    ("{devices=[2,4]<=[2,2]T(1,0)}", "ok"),
+    ("{devices=[1,1]0,0}", "ok"),
+    # A list shorter than the grid: 0.10 fills it with device 0 (`01` is device 1), which may
+    # repeat device 0 so that the sharding places no array.
+    ("{devices=[2,4]01,2,3,4,5,6,7}", "ok"),
+    ("{devices=[4,2]7,6,5,4,3,2,1}", "ok"),
+    ("{devices=[2,4]1,2,3}", "ok"),
+    ("{devices=[4]0,1}", "ok"),
+]
+
+
+@pytest.mark.parametrize(("text", "on_0_10"), XLA_GREW_STRICTER)
+def test_text_that_xla_grew_stricter_on_is_refused_on_every_line(text, on_0_10):
+    assert xla_verdict(text)[0] == by_line(jax_0_10=on_0_10, jax_0_11="error")
+    assert any(words in assert_refused(text) for words in DELIBERATE_REFUSALS)
+
+
+# XLA reads these, on every line, to shardings that make no sense: a transpose that is no
+# permutation, no tiles at all.
 XLA_READS_NONSENSE = [
-    "{devices=[2,4]<=[2,2]T(1,0)}",
     "{devices=[2,2]<=[2,2]T(0,0)}",
-    "{devices=[1,1]0,0}",
     "{devices=[0]<=[0]}",
 ]
 
@@ -440,9 +466,7 @@ XLA_READS_NONSENSE = [
 @pytest.mark.parametrize("text", XLA_READS_NONSENSE)
 def test_text_xla_reads_as_nonsense_raises_value_error(text):
     assert xla_verdict(text)[0] == "ok"
-    with pytest.raises(ValueError, match="column") as ours:
-        _core.canonical_hlo_sharding(text, None)
-    assert any(words in str(ours.value) for words in DELIBERATE_REFUSALS)
+    assert any(words in assert_refused(text) for words in DELIBERATE_REFUSALS)
 
 
 # Numbers XLA reads wrapped round (2**63 is -2**63) or as negative ids and sizes.
@@ -535,22 +559,9 @@ XLA_ACCEPTS = [
     ("{devices=[2,2,2,1]<=[8] last_tile_dims={replicated, manual}}", (4, 4)),
     ('{devices=[8]<=[8] metadata={,op_name="a\\101\\"" source_line=-5 profile_type={1}}}', (8,)),
     ("{devices=[8]<=[8] metadata={{}, {op_type='x' stack_frame_id=2}} metadata= {}}", (8,)),
-    # A device list shorter than the grid: XLA fills the rest with device 0. Here that makes a
-    # valid order (7 ids, 0 last); `01` is 1, as in any decimal number.
-    ("{devices=[2,4]01,2,3,4,5,6,7}", (4, 4)),
-    ("{devices=[4,2]7,6,5,4,3,2,1}", (4, 4)),
+    # `01` is 1, as in any decimal number.
+    ("{devices=[2,4]01,2,3,4,5,6,7,0}", (4, 4)),
 ]
-
-
-# A short device list filled with device 0 can repeat device 0: XLA reads that text, as
-# fastpjit does, and the sharding places no array.
-@pytest.mark.parametrize("text", ["{devices=[2,4]1,2,3}", "{devices=[4]0,1}"])
-def test_a_short_device_list_is_filled_with_device_0_like_xla(text):
-    assert_reads_like_xla(text)
-    canonical = _core.canonical_hlo_sharding(text, None)
-    assert xla_verdict(canonical) == xla_verdict(text)
-    with pytest.raises(ValueError):
-        fastpjit.parse_hlo_sharding(text, DEVICES)
 
 
 @pytest.mark.parametrize(
@@ -597,9 +608,10 @@ def test_an_empty_device_list_raises_value_error():
 
 # Text that XLA's parser takes and fastpjit's refuses on purpose, by the words of its error:
 # numbers below zero or past 2**63-1 (XLA wraps them), tile dims of zero, tile grids of 2**64
-# tiles or more (XLA's count overflows), explicit device lists
-# that don't fill the tile grid (XLA copies past its array), iota transposes that are not
-# permutations, `device=` mixed with an iota order, and the named mesh form.
+# tiles or more (XLA's count overflows), device lists or iotas of another length than the tile
+# grid (jaxlib 0.10's XLA fills a short list with device 0 and copies past its array for a long
+# one), iota transposes that are not permutations, `device=` mixed with an iota order, and the
+# named mesh form.
 DELIBERATE_REFUSALS = (
     "a non-negative integer below 2**63",
     "tile dimensions of at least 1",
@@ -619,6 +631,7 @@ SEED_TEXTS = (
     + NO_INDEX_MAP_LIKE_JAX
     + [text for text, _ in XLA_ACCEPTS]
     + XLA_CRASHES_ON
+    + [text for text, _ in XLA_GREW_STRICTER]
     + XLA_READS_NONSENSE
     + [
         "{{replicated}, {maximal device=0}}",

@@ -1,10 +1,10 @@
 """Canaries for every JAX and jaxlib assumption of fastpjit's boundary (`fastpjit._jax`) and of
 the Rust handle tables: a JAX upgrade that breaks one fails here, naming it.
 
-A JAX upgrade reads `PRIVATE_NAMES` (each private name, where it lives and what kind of object
-it must be), `JIT_KEY_STATES` and `RUST_CALLS_BY_NAME`; the tests below keep those lists
-complete (against the boundary's own imports and the Rust sources) and check each on a tiny
-example.
+A JAX upgrade reads `PRIVATE_NAMES` (each private name, where it lives, what kind of object it
+must be, and on which JAX lines), `JIT_KEY_ONLY_STATES` and `RUST_CALLS_BY_NAME`; the tests below
+keep those lists complete (against the boundary's own imports, JAX's sources and the Rust
+sources) and check each on a tiny example, on the running line.
 """
 
 from __future__ import annotations
@@ -16,6 +16,9 @@ import importlib
 import inspect
 import pathlib
 import re
+import subprocess
+import sys
+import textwrap
 import tomllib
 import types
 from typing import Any
@@ -25,19 +28,23 @@ import jax.numpy as jnp
 import jaxlib
 import numpy as np
 import pytest
+from jax._src.lib import jaxlib_extension_version
 from jax.sharding import AbstractMesh, Mesh, NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
+from lines import ON_0_10
 
 from fastpjit import _jax
-from fastpjit._jax import jit_miss
+from fastpjit._jax import jit_miss, line
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BOUNDARY = pathlib.Path(_jax.__file__).parent
 RUST_SOURCES = ROOT / "rust" / "bindings" / "src"
 DEVICES = jax.devices()
 
-# The JAX that fastpjit is written against: every assumption below was checked on it.
-PINNED_JAX = "0.10.2"
+# The JAX releases that fastpjit is tested on, by line: every assumption below was checked on
+# each of them.
+TESTED = {"0.10": ("0.10.2",), "0.11": ("0.11.2", "0.12.0", "0.12.0.1")}
+BOTH_LINES = ("0.10", "0.11")
 
 CALLABLE = "callable"
 CLASS = "class"
@@ -49,14 +56,17 @@ VALUE = "value"  # any object that exists: a config state, a registry, a constan
 
 @dataclasses.dataclass(frozen=True)
 class Name:
-    """A private name: `module` and the attribute path in it, and the kind fastpjit needs."""
+    """A private name: `module` and the attribute path in it, the kind fastpjit needs, and the
+    JAX lines on which fastpjit reads it (`fastpjit._jax.line` chooses)."""
 
     module: str
     path: str
     kind: str
+    lines: tuple[str, ...] = BOTH_LINES
 
     def __str__(self) -> str:
-        return f"{self.module}.{self.path} ({self.kind})"
+        only = "" if self.lines == BOTH_LINES else f", {'/'.join(self.lines)} only"
+        return f"{self.module}.{self.path} ({self.kind}{only})"
 
 
 # Every private JAX/jaxlib name that fastpjit._jax takes from a module, by module.
@@ -83,10 +93,12 @@ PRIVATE_NAMES = [
     Name("jax._src.compiler", "get_compile_options", CALLABLE),
     Name("jax._src.compiler", "use_detailed_logging", CALLABLE),
     Name("jax._src.config", "debug_key_reuse", VALUE),
-    Name("jax._src.config", "device_context", VALUE),
+    Name("jax._src.config", "device_context", VALUE, lines=("0.10",)),
     Name("jax._src.config", "disable_jit", VALUE),
     Name("jax._src.config", "enable_pgle", VALUE),
     Name("jax._src.config", "explicit_device_put_scope", CALLABLE),
+    Name("jax._src.config", "jax_pallas_auto_assign_collective_ids", VALUE, lines=("0.11",)),
+    Name("jax._src.config", "jax_pallas_auto_assign_collective_ids_limit", VALUE, lines=("0.11",)),
     Name("jax._src.config", "memory_fitting_level", VALUE),
     Name("jax._src.config", "optimization_level", VALUE),
     Name("jax._src.config", "trace_context", CALLABLE),
@@ -124,6 +136,7 @@ PRIVATE_NAMES = [
     Name("jax._src.interpreters.pxla", "maybe_recover_user_shardings", CALLABLE),
     Name("jax._src.interpreters.pxla", "reflatten_outputs_for_dispatch", CALLABLE),
     Name("jax._src.interpreters.pxla", "shard_args", CALLABLE),
+    Name("jax._src.lib", "jaxlib_extension_version", VALUE),
     Name("jax._src.lib._jax", "ExecuteResults.consume_with_handlers", METHOD),
     Name("jax._src.lib._jax", "JaxRuntimeError", CLASS),
     Name("jax._src.lib._jax", "LoadedExecutable.execute_sharded", METHOD),
@@ -167,6 +180,7 @@ PRIVATE_NAMES = [
     Name("jax._src.mesh", "AxisType.Auto", MEMBER),
     Name("jax._src.mesh", "Mesh", CLASS),
     Name("jax._src.mesh", "thread_resources", VALUE),
+    Name("jax._src.mesh", "device_context", VALUE, lines=("0.11",)),
     Name("jax._src.named_sharding", "DuplicateSpecError", CLASS),
     Name("jax._src.named_sharding", "NamedSharding", CLASS),
     Name("jax._src.named_sharding", "NamedSharding._logical_device_ids", VALUE),
@@ -205,62 +219,20 @@ PRIVATE_NAMES = [
     Name("jax._src.util", "register_cache", CALLABLE),
 ]
 
-# The states of JAX's jit key, in order: the trace context's, then those that only the jit key
-# holds (`fastpjit._jax.jit_key_states`). The Rust dispatcher keys a call by all of them; a
-# state that JAX adds must be read too, or a call under it could take another's executable.
-JIT_KEY_STATES = (
-    "mesh_context_manager",
-    "abstract_mesh_context_manager",
-    "compute_on_context_manager",
-    "xla_metadata_context_manager",
-    "pallas_tpu_interpret_mode_context_manager",
-    "user_context",
-    "jax_debug_key_reuse",
-    "jax_check_static_indices",
-    "jax_scan3",
-    "jax_remat3",
-    "jax_custom_vjp3",
-    "jax_random_seed_offset",
-    "jax_threefry_partitionable",
-    "jax_threefry_gpu_kernel_lowering",
-    "jax_use_direct_linearize",
-    "jax_use_simplified_jaxpr_constants",
-    "jax_embedded_constants_max_bytes",
-    "jax_remove_size_one_mesh_axis_from_type",
-    "check_vma",
-    "jax_softmax_custom_jvp",
-    "jax_hlo_source_file_canonicalization_regex",
-    "jax_enable_pgle",
-    "jax_pgle_profiling_runs",
-    "jax_explicit_x64_dtypes",
-    "jax_numpy_dtype_promotion",
-    "jax_error_checking_behavior_nan",
-    "jax_error_checking_behavior_divide",
-    "jax_error_checking_behavior_oob",
-    "jax_enable_x64",
-    "jax_default_device",
-    "jax_disable_jit",
-    "jax_numpy_rank_promotion",
-    "jax_auto_pcast",
-    "jax_default_matmul_precision",
-    "jax_allow_f16_reductions",
-    "jax_use_emit_pipeline_primitive",
-    "eager_constant_folding",
-    "jax_no_execution",
-    "jax_mutable_array_checks",
-    "jax_xla_profile_version",
-    "jax_use_shardy_partitioner",
-    "jax_high_dynamic_range_gumbel",
-    "jax_ragged_dot_use_gpu_pallas_triton_lowering",
-    "jax_pallas_enable_debug_checks",
-    "jax_pallas_use_mosaic_gpu",
-    "axis_env_state",
-    # jit_key_states:
-    "trace_state",
-    "device_context",
-    "jax_optimization_level",
-    "jax_memory_fitting_level",
-)
+# The states of JAX's jit key beyond its trace context (`fastpjit._jax.jit_key_states`), by
+# line. The Rust dispatcher keys a call by the whole trace context and by these; a state that JAX
+# adds to its jit key must be read too, or a call under it could take another's executable.
+JIT_KEY_ONLY_STATES = {
+    "0.10": ("trace_state", "device_context", "jax_optimization_level", "jax_memory_fitting_level"),
+    "0.11": (
+        "trace_state",
+        "device_context",
+        "jax_optimization_level",
+        "jax_memory_fitting_level",
+        "jax_pallas_auto_assign_collective_ids",
+        "jax_pallas_auto_assign_collective_ids_limit",
+    ),
+}
 
 # The attributes and methods that Rust reads or calls by name on JAX's objects (`intern!`,
 # `getattr`, `call_method`), each checked on a tiny example by `test_rust_calls_by_name`.
@@ -359,19 +331,84 @@ def kind_problem(name: Name) -> str | None:
     return None
 
 
-def test_jax_is_the_pinned_version():
-    assert (jax.__version__, jaxlib.__version__) == (PINNED_JAX, PINNED_JAX), (
-        f"fastpjit's JAX assumptions were checked on {PINNED_JAX}; this is jax "
-        f"{jax.__version__}, jaxlib {jaxlib.__version__}: review this file's lists"
+def test_jax_is_a_tested_release_of_the_line_chosen():
+    assert jax.__version__ == jaxlib.__version__ in TESTED[line.CURRENT], (
+        f"fastpjit's JAX assumptions were checked on {TESTED}; this is jax {jax.__version__}, "
+        f"jaxlib {jaxlib.__version__} on line {line.CURRENT}: review this file's lists"
     )
-    pins = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    assert f"jax=={PINNED_JAX}" in pins and f"jaxlib=={PINNED_JAX}" in pins, pins
+    assert line.supported(jax.__version__, jaxlib.__version__, jaxlib_extension_version)
+
+
+# (jax and jaxlib, their extension version, whether fastpjit supports them): the extension
+# versions are those of the releases (0.11.0 had 477, 0.11.1 480).
+RELEASES = [
+    ("0.10.1", 465, False),
+    ("0.10.2", 467, True),
+    ("0.11.0", 477, False),
+    ("0.11.1", 480, False),
+    ("0.11.2", 495, True),
+    ("0.12.0", 505, True),
+    ("0.12.0.1", 505, True),
+    ("0.12.5", 530, True),
+    ("0.13.0", 540, False),
+    ("0.13.0.dev20261101", 540, False),
+]
+
+
+@pytest.mark.parametrize(("version", "extension", "supported"), RELEASES)
+def test_the_supported_range(version, extension, supported):
+    assert line.supported(version, version, extension) is supported
+    # jax 0.12 allows jaxlib 0.11.2; a jax of one line and a jaxlib of the other is refused.
+    assert line.supported("0.12.0", "0.11.2", 495)
+    assert not line.supported("0.10.2", "0.11.2", 495)
+    assert not line.supported("0.11.2", "0.10.2", 467)
+
+
+def test_the_dependencies_resolve_to_the_supported_range():
+    # `pip install fastpjit` on each Python gets a JAX that fastpjit imports beside.
+    from packaging.requirements import Requirement
+
+    deps = [
+        Requirement(text)
+        for text in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    ]
+    for python in ("3.11", "3.12", "3.13"):
+        env = {"python_version": python, "python_full_version": f"{python}.0"}
+        for name in ("jax", "jaxlib"):
+            (spec,) = [d.specifier for d in deps if d.name == name and d.marker.evaluate(env)]
+            for version, _, supported in RELEASES:
+                # JAX 0.11 and newer need CPython 3.12; there the newest line resolves.
+                of_its_line = (line.release(version) < (0, 11)) == (python == "3.11")
+                allowed = spec.contains(version, prereleases=True)
+                assert allowed == (supported and of_its_line), (python, name, version, spec)
+
+
+@pytest.mark.timeout(120)
+def test_an_unsupported_jax_is_refused_at_import_naming_the_supported_versions():
+    script = textwrap.dedent(
+        """
+        import jax
+        jax.__version__ = "0.13.0"
+        try:
+            import fastpjit
+        except ImportError as error:
+            print(error)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=110
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "this is jax 0.13.0" in done.stdout and line.SUPPORTED in done.stdout, done.stdout
 
 
 @pytest.mark.parametrize("name", PRIVATE_NAMES, ids=str)
 def test_private_name_exists_with_its_kind(name):
     problem = kind_problem(name)
-    assert problem is None, f"JAX assumption broken: {name} is {problem}"
+    if line.CURRENT in name.lines:
+        assert problem is None, f"JAX assumption broken: {name} is {problem}"
+    else:  # The name of another line: the adapter's choice is needed.
+        assert problem is not None and problem.startswith("gone"), f"{name} is here too"
 
 
 def _boundary_module_attributes() -> set[tuple[str, str]]:
@@ -475,15 +512,40 @@ def test_every_name_that_rust_interns_is_listed():
     assert not unlisted, f"names Rust calls by name that RUST_CALLS_BY_NAME lacks: {unlisted}"
 
 
+def _jit_key_only_states_in_jax_s_sources() -> tuple[str, ...]:
+    """The config states that JAX's sources put in the jit key and not in the trace context,
+    by name, in the order of the files that define them."""
+    found = []
+    for path in sorted(pathlib.Path(jax.__file__).parent.joinpath("_src").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call):
+                continue
+            keywords = {k.arg: k.value for k in node.keywords}
+            in_key, in_trace = (
+                isinstance(value, ast.Constant) and value.value is True
+                for value in (
+                    keywords.get("include_in_jit_key"),
+                    keywords.get("include_in_trace_context"),
+                )
+            )
+            if in_key and not in_trace:
+                name = node.args[0] if node.args else keywords["name"]
+                assert isinstance(name, ast.Constant), ast.unparse(node)
+                found.append(name.value)
+    return tuple(found)
+
+
 def test_jit_key_states_are_the_ones_the_dispatcher_reads():
+    expected = JIT_KEY_ONLY_STATES[line.CURRENT]
+    assert tuple(state.name for state in _jax.jit_key_states) == expected
+    in_sources = _jit_key_only_states_in_jax_s_sources()
+    assert sorted(in_sources) == sorted(expected), (
+        "JAX's jit key changed: review fastpjit._jax.rust_handles.jit_key_states and "
+        f"JIT_KEY_ONLY_STATES; added {set(in_sources) - set(expected)}, "
+        f"removed {set(expected) - set(in_sources)}"
+    )
     from jax._src import config
 
-    names = (*config.trace_context_names(), *(state.name for state in _jax.jit_key_states))
-    assert names == JIT_KEY_STATES, (
-        "JAX's jit key changed: review fastpjit._jax.rust_handles.jit_key_states and "
-        f"JIT_KEY_STATES; added {set(names) - set(JIT_KEY_STATES)}, "
-        f"removed {set(JIT_KEY_STATES) - set(names)}"
-    )
     key = _jax.trace_context()
     assert isinstance(key, tuple) and len(key) == len(config.trace_context_names())
     with jax.disable_jit():
@@ -523,7 +585,11 @@ def test_array_getters_read_what_the_public_properties_give():
     assert x.aval.str_short() == "float32[16]"  # how JAX's donation error names an array
     rewrapped = _jax.array_rewrap(x, x.aval, x.sharding)
     np.testing.assert_array_equal(np.asarray(rewrapped), np.arange(16))
-    assert _jax.array_was_donated(x) is True  # a live array still knows its size
+    # jax 0.10.2 raises its own error for a donated array, which keeps its size where a deleted
+    # one does not; from 0.11.2 JAX raises the deleted array's error for both.
+    donated = jax.device_put(np.arange(16, dtype=np.float32), sharding)
+    jax.jit(lambda a: a + 1, donate_argnums=0)(donated)
+    assert donated.is_deleted() and _jax.array_was_donated(donated) is ON_0_10
     replicated = jax.device_put(np.ones(4, np.float32), SingleDeviceSharding(DEVICES[0]))
     value, did_copy = getattr(replicated, _jax.ARRAY_TO_HOST)()
     assert isinstance(value, np.ndarray) and isinstance(did_copy, bool)

@@ -14,6 +14,7 @@ import pytest
 from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+from lines import DONATED_AGAIN, by_line, without_source_location
 
 import fastpjit
 
@@ -89,7 +90,7 @@ def assert_same_error(call_ours, call_theirs, message=True):
     ours = raised(call_ours)
     assert type(ours) is type(theirs)
     if message:
-        assert str(ours) == str(theirs)
+        assert without_source_location(str(ours)) == without_source_location(str(theirs))
     return ours
 
 
@@ -475,11 +476,11 @@ def test_donation_deletes_donated_inputs_and_reuse_raises():
     assert x.is_deleted() and y.is_deleted()
     assert not any(o.is_deleted() for o in our_out)
     assert_same(our_out, their_out)
-    # A cached call raises a ValueError (JAX's cached path crashes here, and raises the
-    # ValueError on one device); a call that misses raises JAX's RuntimeError.
+    # A cached call raises DONATED_AGAIN (on 0.10.2 JAX's cached path crashes here, and raises
+    # the ValueError on one device); a call that misses raises JAX's RuntimeError.
     for call in (lambda: ours(x, 2, y), lambda: ours(our_out[0], 2, y)):
         error = raised(call)
-        assert type(error) is ValueError and "donated" in str(error)
+        assert type(error) is DONATED_AGAIN[0] and DONATED_AGAIN[1] in str(error)
     error = raised(lambda: ours(our_out[0], 3, y))
     assert type(error) is RuntimeError
     assert str(error) == str(expected)
@@ -494,17 +495,25 @@ def test_donated_state_loop_on_the_identity_fast_path():
     batches = [jnp.asarray(X84 + i) for i in range(6)]
     prepare = jax.pmap(lambda x: x + 0)
     o, t = prepare(jnp.asarray(X84)), prepare(jnp.asarray(X84))
-    history = []
+    history, their_history = [], []
     for batch in batches:
         history.append(o)
+        their_history.append(t)
         o, t = ours(o, batch), theirs(t, batch)
         assert_same(o, t)
-    assert all(h.is_deleted() for h in history) and not o.is_deleted()
+    # Each state is donated where JAX donates its own: jax 0.11.2 copies instead an array whose
+    # host value np.asarray has fetched (in assert_same), and 0.10.2 and 0.12 donate them all.
+    assert [h.is_deleted() for h in history] == [h.is_deleted() for h in their_history]
+    assert history[0].is_deleted() and not o.is_deleted()
+    donated = [h for h in history if h.is_deleted()][-1]
     hits = fastpjit.stats()["cache_hits"]
-    error = raised(lambda: ours(history[-1], batches[0]))
+    error = raised(lambda: ours(donated, batches[0]))
     assert fastpjit.stats()["cache_hits"] == hits + 1  # the fast path saw the call
-    assert type(error) is ValueError
-    assert "shape=float32[8,4] was donated" in str(error)
+    assert type(error) is DONATED_AGAIN[0]
+    assert by_line(
+        jax_0_10="shape=float32[8,4] was donated",
+        jax_0_11="Array has been deleted with shape=float32[8,4]",
+    ) in str(error)
 
 
 def test_donation_of_a_host_or_moved_input_keeps_the_original():

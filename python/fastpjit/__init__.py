@@ -13,6 +13,11 @@ source tree.
 
 from __future__ import annotations
 
+# isort: off
+# First: a JAX that fastpjit does not support is refused here, with the versions it supports.
+import fastpjit._jax  # noqa: F401
+
+# isort: on
 from fastpjit import _launched
 from fastpjit._core import __version__, reset_stats, set_host_pool_limit, stats
 from fastpjit.bench import benchmark

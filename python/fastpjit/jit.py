@@ -9,6 +9,7 @@ Ahead-of-time compiled functions (`f.lower(...).compile()`) dispatch the same wa
 
 from __future__ import annotations
 
+import enum
 import functools
 import sys
 import types
@@ -369,7 +370,7 @@ def jit(
     keep_unused: bool = False,
     device: Any = None,
     backend: str | None = None,
-    inline: bool = False,
+    inline: bool | enum.Enum = False,  # or, from jax 0.11.2, a jax.Inline
     compiler_options: dict[str, Any] | None = None,
 ) -> Any:
     """Drop-in for `jax.jit`: the same arguments, results and errors; faster calls.
@@ -408,7 +409,7 @@ def pjit(
     keep_unused: bool = False,
     device: Any = None,
     backend: str | None = None,
-    inline: bool = False,
+    inline: bool | enum.Enum = False,
     compiler_options: dict[str, Any] | None = None,
     *,
     in_axis_resources: Any = _UNSPECIFIED,

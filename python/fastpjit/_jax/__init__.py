@@ -16,8 +16,14 @@ consumer:
 
 from __future__ import annotations
 
+# isort: off
+# First: refuses a JAX that fastpjit does not support, before any other private name is read.
+from fastpjit._jax import line as _line  # noqa: F401
+# isort: on
+
 # Registers the launcher's cluster environment with jax.distributed.
 from fastpjit._jax import cluster_env as _cluster_env  # noqa: F401
+from fastpjit._jax.line import array_was_donated, indivisible_message, jit_key_states
 from fastpjit._jax.rust_handles import (
     ARRAY_HOST_VALUE,
     ARRAY_TO_HOST,
@@ -33,7 +39,6 @@ from fastpjit._jax.rust_handles import (
     array_rewrap,
     array_sharding,
     array_single_device_arrays,
-    array_was_donated,
     batched_copy,
     batched_device_put,
     canonical_dtype,
@@ -45,7 +50,6 @@ from fastpjit._jax.rust_handles import (
     device_put_aval,
     flatten_one_level_for_dispatch,
     hlo_parts,
-    jit_key_states,
     logical_device_ids,
     placement_sharding,
     post_hook_state,
@@ -85,6 +89,7 @@ __all__ = [
     "device_put_aval",
     "flatten_one_level_for_dispatch",
     "hlo_parts",
+    "indivisible_message",
     "jit_key_states",
     "logical_device_ids",
     "placement_sharding",

@@ -27,6 +27,7 @@ from jax._src.lib.mlir.dialects import sdy as _sdy
 from jax._src.sharding_impls import GSPMDSharding
 
 from fastpjit import _core as _native
+from fastpjit._jax import line as _line
 from fastpjit._jax.rust_handles import array_single_device_arrays
 from fastpjit._jax.xla_compile import (
     devices_as_array,
@@ -440,8 +441,7 @@ def result_handlers(avals: Sequence[Any], shardings: Sequence[Any]) -> tuple[lis
     handlers that wrap an executable's output buffers as such committed jax.Arrays."""
     avals = [_dispatch.update_dp_aval(a, s) for a, s in zip(avals, shardings, strict=True)]
     return avals, [
-        xc.array_result_handler(a, s, committed=True, _skip_checks=True)
-        for a, s in zip(avals, shardings, strict=True)
+        _line.array_result_handler(a, s, True) for a, s in zip(avals, shardings, strict=True)
     ]
 
 

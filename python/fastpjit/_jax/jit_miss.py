@@ -23,6 +23,7 @@ from jax._src.interpreters import pxla as _pxla
 from jax._src.lib import xla_client as xc
 
 from fastpjit import _core as _native
+from fastpjit._jax import line as _line
 from fastpjit._jax.rust_handles import canonical_dtype
 from fastpjit._jax.xla_compile import compile_lowering, thread_compiles
 
@@ -253,7 +254,7 @@ def _fast_path(fast: Any, donated: Sequence[bool]) -> Any:
     if fast is None or any(layout is not None for layout in fast.in_device_local_layouts):
         return None
     handlers = [
-        xc.array_result_handler(aval, sharding, committed=committed, _skip_checks=True)
+        _line.array_result_handler(aval, sharding, committed)
         for aval, sharding, committed in zip(
             fast.out_avals, fast.out_shardings, fast.out_committed, strict=True
         )

@@ -98,20 +98,10 @@ array_single_device_arrays = vars(ArrayImpl)["_arrays"].fget
 # The dispatcher: what a cached call of a jit or pmap function needs.
 
 # What the Rust dispatcher reads on every call: JAX's dispatch registry (which takes apart the
-# pytree nodes that are not builtin containers), and JAX's jit key,
-# which is the trace context plus the states that only the jit key holds: the trace state (a
-# weak reference to the active trace, so that a call made while a trace is active misses and is
-# staged), set_mesh's concrete mesh (two meshes of one abstract mesh trace alike), the
-# optimization levels. All are C++ objects; tests/test_jax_boundary.py lists them by name, so
-# that a JAX upgrade that adds a state fails there.
+# pytree nodes that are not builtin containers), and JAX's jit key, which is the trace context
+# plus the states that only the jit key holds (`fastpjit._jax.line.jit_key_states`).
 flatten_one_level_for_dispatch = _tree_util.dispatch_registry.flatten_one_level
 trace_context = _config.trace_context
-jit_key_states = (
-    _core.trace_state,
-    _config.device_context,
-    _config.optimization_level,
-    _config.memory_fitting_level,
-)
 DISABLE_JIT_INDEX = _config.trace_context_names().index("jax_disable_jit")
 # JAX's post-hook, which runs the NaN and inf checks of jax_debug_nans and jax_debug_infs on the
 # outputs of every cached call: `hook(function, args, kwargs, outputs)`; None when they are off.
@@ -143,6 +133,14 @@ transfer_guard_global_state = _guard_lib.global_state()
 TRANSFER_GUARD_ALLOW = _guard_lib.TransferGuardLevel.ALLOW
 
 
+# The flatten function of a registered dataclass, by its qualified name: JAX 0.12 registers
+# dataclasses in a private function of another name.
+_DATACLASS_FLATTEN = (
+    "register_dataclass.<locals>.flatten_func",
+    "_register_dataclass.<locals>.flatten_func",
+)
+
+
 def dataclass_fields(kind: type) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
     """The data and meta fields of a class registered with `jax.tree_util.register_dataclass`
     (JAX's registries take such a node apart by reading those attributes), or None for any
@@ -152,22 +150,10 @@ def dataclass_fields(kind: type) -> tuple[tuple[str, ...], tuple[str, ...]] | No
     code = getattr(flatten, "__code__", None)
     if code is None or code.co_freevars != ("data_fields", "meta_fields"):
         return None
-    if flatten.__qualname__ != "register_dataclass.<locals>.flatten_func":
+    if flatten.__qualname__ not in _DATACLASS_FLATTEN or flatten.__module__ != "jax._src.tree_util":
         return None
     data, meta = (cell.cell_contents for cell in flatten.__closure__)
     return tuple(data), tuple(meta)
-
-
-def array_was_donated(array: Any) -> bool:
-    """Whether a deleted array was donated to a computation rather than deleted by `delete()`:
-    jaxlib keeps a donated array's device array (which still knows its size) and drops a
-    deleted one's. JAX's cached path raises a ValueError for the first, a RuntimeError for the
-    second."""
-    try:
-        array.on_device_size_in_bytes()
-    except Exception:
-        return False
-    return True
 
 
 def array_input(own: Any, target: Any, ndim: int) -> tuple[str, tuple[list[Any], ...] | None]:

@@ -12,9 +12,9 @@ use pyo3::exceptions::{
 };
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::PyType;
+use pyo3::types::{PyTuple, PyType};
 
-use crate::handles::names;
+use crate::handles::{handles, names};
 
 /// An error of the bindings outside the dispatcher, by the Python exception it becomes.
 #[derive(Debug)]
@@ -92,12 +92,32 @@ pub fn sharding_error(
         Err(import_error) => import_error,
     };
     match err {
-        ShardingError::Indivisible { .. } => {
-            let message = match subject.and_then(|s| s.repr().ok()) {
-                Some(r) => format!("Sharding {r} implies that {err}"),
-                None => format!("The sharding implies that {err}"),
-            };
-            raise(&INDIVISIBLE, "IndivisibleError", message)
+        ShardingError::Indivisible {
+            axis,
+            partitions,
+            size,
+            shape,
+            tiling,
+        } => {
+            // JAX's text, which differs by JAX line: the boundary writes it.
+            let shown = subject.and_then(|s| s.repr().ok());
+            let message = handles(py).and_then(|h| {
+                h.indivisible_message
+                    .bind(py)
+                    .call1((
+                        shown,
+                        axis,
+                        partitions,
+                        size,
+                        PyTuple::new(py, shape)?,
+                        tiling,
+                    ))?
+                    .extract::<String>()
+            });
+            match message {
+                Ok(message) => raise(&INDIVISIBLE, "IndivisibleError", message),
+                Err(err) => err,
+            }
         }
         ShardingError::DuplicateAxis { .. } => {
             // DuplicateSpecError(message, mesh, pspec) takes the offending objects too.

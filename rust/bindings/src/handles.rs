@@ -91,6 +91,8 @@ pub struct Handles {
     pub abstract_mesh: Py<PyType>,
     /// Any other sharding as `(HloSharding text, device assignment)`.
     pub hlo_parts: Py<PyAny>,
+    /// JAX's `IndivisibleError` text, which differs by JAX line.
+    pub indivisible_message: Py<PyAny>,
     /// A `NamedSharding`'s mesh positions in device-assignment order, or None.
     pub logical_device_ids: Py<PyAny>,
 }
@@ -210,6 +212,7 @@ fn fetch(py: Python<'_>) -> PyResult<Handles> {
         sharding: get_type(sharding, "Sharding")?,
         abstract_mesh: get_type(sharding, "AbstractMesh")?,
         hlo_parts: get(jax, "hlo_parts")?,
+        indivisible_message: get(jax, "indivisible_message")?,
         logical_device_ids: get(jax, "logical_device_ids")?,
     })
 }

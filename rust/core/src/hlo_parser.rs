@@ -434,12 +434,9 @@ impl<'a> Parser<'a> {
             if c.devices.len() <= 1 {
                 return Err(self.error_at(start, "more than one device for a tiled sharding"));
             }
-            // XLA copies the list into a grid of zeros: a short list ends in device 0s.
-            let mut devices = c.devices;
-            if devices.len() < tiles {
-                devices.resize(tiles, 0);
-            }
-            DeviceOrder::Explicit(devices)
+            // jaxlib 0.10's XLA fills a short list with device 0s; from 0.11 XLA refuses it, as
+            // the check below does on every line.
+            DeviceOrder::Explicit(c.devices)
         } else {
             if !c.devices.is_empty() {
                 return Err(self.error_at(start, "either device ids or an iota order, not both"));
