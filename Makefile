@@ -1,13 +1,20 @@
 # The README's two commands: `make demo` and `make test`. Everything else supports them;
 # `make lint` (cargo fmt, clippy, ruff check and format, mypy; the stub is checked by the tests) runs in CI after the
-# tests.
+# tests, and `make test-all` runs `make test` on every supported JAX line.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# A jax and jaxlib release to install in the venv and keep there (`make test-all` sets it per
+# line); empty: the newest that pyproject.toml allows for the Python.
+JAX ?=
 export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
 export JAX_PLATFORMS ?= cpu
 
-.PHONY: demo serve test build venv rust-test rust-test-bindings py-test lint bench clean
+# The JAX lines that fastpjit supports, as CPython version:jax release. Each line gets its own
+# venv and its own cargo target folder, so that switching lines rebuilds nothing.
+LINES ?= 3.11:0.10.2 3.12:0.11.2 3.13:0.12.0.1
+
+.PHONY: demo serve test test-all build venv rust-test rust-test-bindings py-test lint bench clean
 
 demo: build
 	$(PY) examples/demo.py
@@ -21,18 +28,23 @@ test: build rust-test rust-test-bindings py-test
 
 venv: $(VENV)/.installed
 
-# Every pin lives in pyproject.toml. The venv gets the build backend that it names; `build` then
-# installs the package with its dependencies (jax, jaxlib and numpy, before maturin compiles)
-# and the dev (tests, lints) and tools (progress bars, plots) extras.
+# Every pin lives in pyproject.toml. The venv gets the build backend that it names (and JAX's
+# release, where one is asked for, which a constraints file keeps); `build` then installs the
+# package with its dependencies (jax, jaxlib and numpy, before maturin compiles) and the dev
+# (tests, lints) and tools (progress bars, plots) extras.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install --quiet $$($(PY) -c 'import tomllib; \
-		print(*tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"])')
+	printf '%s\n' $(if $(JAX),jax==$(JAX) jaxlib==$(JAX)) > $(VENV)/constraints.txt
+	PIP_CONSTRAINT=$(abspath $(VENV))/constraints.txt $(VENV)/bin/pip install --quiet \
+		$$($(PY) -c 'import tomllib; \
+		print(*tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"])') \
+		$(if $(JAX),jax==$(JAX) jaxlib==$(JAX))
 	touch $@
 
 build: venv
-	VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/maturin develop --release --quiet --extras dev,tools
+	VIRTUAL_ENV=$(abspath $(VENV)) PIP_CONSTRAINT=$(abspath $(VENV))/constraints.txt \
+		$(VENV)/bin/maturin develop --release --quiet --extras dev,tools
 
 rust-test:
 	cargo test --quiet
@@ -43,7 +55,30 @@ rust-test:
 rust-test-bindings: build
 	PYO3_PYTHON=$(abspath $(PY)) \
 	PYTHONPATH=$$($(PY) -c 'import site; print(site.getsitepackages()[0])'):$(abspath python) \
-	CARGO_TARGET_DIR=target/bindings-test cargo test --quiet -p fastpjit-bindings -- --test-threads=1
+	CARGO_TARGET_DIR=$${CARGO_TARGET_DIR:-target}/bindings-test \
+		cargo test --quiet -p fastpjit-bindings -- --test-threads=1
+
+# `make test` on each line of LINES, each in its own .venv-<python> and cargo target folder
+# (the pure-Rust core's tests, which no line changes, run once), with the Pythons that the
+# machine has (pyenv's included); then which line passed, failed, or had no Python here, which
+# fails too.
+test-all: rust-test
+	@summary=""; status=0; \
+	for line in $(LINES); do \
+		version=$${line%%:*}; jax=$${line#*:}; \
+		if ! python=$$(.ci/python-for $$version); then \
+			summary="$$summary\n  jax $$jax on CPython $$version: no python$$version here"; \
+			status=1; continue; \
+		fi; \
+		echo "=== jax $$jax on CPython $$version ($$python)"; \
+		if $(MAKE) --no-print-directory build rust-test-bindings py-test PYTHON=$$python \
+			VENV=.venv-$$version JAX=$$jax CARGO_TARGET_DIR=target/py$$version; then \
+			summary="$$summary\n  jax $$jax on CPython $$version: passed"; \
+		else \
+			summary="$$summary\n  jax $$jax on CPython $$version: FAILED"; status=1; \
+		fi; \
+	done; \
+	printf "make test-all:$$summary\n"; exit $$status
 
 py-test:
 	$(PY) -m pytest -q

@@ -3,9 +3,10 @@
 Every `benches/bench_<name>.py` is a benchmark. It declares `CASES` (a list of `harness.Case`)
 and may declare `COLUMNS` (meta keys shown in its table), `PLOT` (a `harness.Plot`) and
 `notes(rows, processes) -> str` (Markdown put under its table); its docstring's first line is
-its title and the rest its introduction. Each run writes `benches/results/<name>.json`, its
-section of `BENCHMARKS.md` and its plot. Cases that need another number of CPU devices than
-this process has run in a child process (this script with `--worker`).
+its title and the rest its introduction. Each run writes `benches/results/<name>@jax-<version>
+.json`, its section of `BENCHMARKS.md` for the JAX that ran it (one per JAX release, side by
+side) and its plot. Cases that need another number of CPU devices than this process has run
+in a child process (this script with `--worker`).
 """
 
 from __future__ import annotations
@@ -217,7 +218,7 @@ def section(
     builds = list(dict.fromkeys(process["core_build"] for process in result["processes"]))
     memory = f", {env['memory_gib']} GiB" if env["memory_gib"] else ""
     parts = [
-        f"## {title.strip()}",
+        f"## {title.strip()} (jax {env['jax']})",
         intro.strip(),
         f"Measured {date} on {env['cpu']} ({env['cores']} cores{memory}), {env['os']}; "
         f"Python {env['python']}, jax {env['jax']}, jaxlib {env['jaxlib']}, "
@@ -236,18 +237,40 @@ def section(
     if hasattr(module, "notes"):
         parts.append(module.notes(result["rows"], result["processes"]).strip())
     if hasattr(module, "PLOT"):
-        parts.append(f"![{module.PLOT.title}](benches/{module.PLOT.file})")
+        parts.append(f"![{module.PLOT.title}](benches/{plot_file(module.PLOT)})")
     body = "\n\n".join(part for part in parts if part)
-    return f"<!-- bench:{result['name']} -->\n{body}\n<!-- /bench:{result['name']} -->"
+    key = report_key(result["name"])
+    return f"<!-- bench:{key} -->\n{body}\n<!-- /bench:{key} -->"
+
+
+def report_key(name: str) -> str:
+    """A benchmark's key in BENCHMARKS.md and benches/results: its name and the JAX release."""
+    return f"{name}@jax-{jax.__version__}"
+
+
+def plot_file(plot: harness.Plot) -> str:
+    """Where a benchmark's plot goes, for the JAX that ran it: `transfer-jax-0.12.0.1.png`."""
+    stem, dot, suffix = plot.file.rpartition(".")
+    return f"{stem}-jax-{jax.__version__}{dot}{suffix}"
 
 
 def update_report(sections: dict[str, str]) -> None:
-    """Rewrites the preamble and the given sections of BENCHMARKS.md, keeping the others."""
+    """Rewrites the preamble and the given sections of BENCHMARKS.md, keeping the others, in
+    order of benchmark and JAX release. A section without a release (written before there was
+    more than one JAX line) goes when its benchmark is run again."""
     old = REPORT.read_text() if REPORT.exists() else ""
-    found = re.findall(r"(<!-- bench:(\w+) -->.*?<!-- /bench:\2 -->)", old, flags=re.S)
-    merged = {name: text for text, name in found}
+    found = re.findall(r"(<!-- bench:([\w.@-]+) -->.*?<!-- /bench:\2 -->)", old, flags=re.S)
+    merged = {key: text for text, key in found}
     merged.update(sections)
-    REPORT.write_text(PREAMBLE + "\n" + "\n\n".join(merged.values()) + "\n")
+    for key in sections:
+        merged.pop(key.partition("@")[0], None)
+
+    def order(key: str) -> tuple[str, tuple[int, ...]]:
+        name, _, release = key.partition("@jax-")
+        return name, tuple(int(part) for part in release.split(".") if part.isdigit())
+
+    ordered = [merged[key] for key in sorted(merged, key=order)]
+    REPORT.write_text(PREAMBLE + "\n" + "\n\n".join(ordered) + "\n")
 
 
 def main() -> None:
@@ -293,10 +316,11 @@ def main() -> None:
         RESULTS.mkdir(exist_ok=True)
         payload = {key: value for key, value in result.items() if key != "module"}
         payload |= {"environment": env, "command": command, "date": date, "quick": args.quick}
-        (RESULTS / f"{name}.json").write_text(json.dumps(payload, indent=1))
-        sections[name] = section(result, env, command, date, args.quick)
+        key = report_key(name)
+        (RESULTS / f"{key}.json").write_text(json.dumps(payload, indent=1))
+        sections[key] = section(result, env, command, date, args.quick)
         if hasattr(module, "PLOT"):
-            harness.plot(result["rows"], module.PLOT, BENCHES / module.PLOT.file)
+            harness.plot(result["rows"], module.PLOT, BENCHES / plot_file(module.PLOT))
     if sections:
         update_report(sections)
     print(f"\ndone in {time.perf_counter() - _START:.0f} s", file=sys.stderr)

@@ -104,11 +104,14 @@ def test_a_donated_per_call_argument_over_a_50_step_loop(devices):
         theirs_cache = jax.device_put(theirs_cache, ROW_8)
     g = fastpjit.jit(decode_step, donate_argnums=2).bind(params)
     theirs = jax.jit(decode_step, donate_argnums=2)
-    for _ in range(50):
-        previous = ours_cache
+    for step in range(50):
+        previous, their_previous = ours_cache, theirs_cache
         out, ours_cache = g(token, ours_cache)
         expected, theirs_cache = theirs(params, token, theirs_cache)
-        assert previous.is_deleted()
+        # Donated where JAX donates its own: jax 0.11.2 copies instead an array whose host
+        # value np.asarray fetched (in assert_same_outputs).
+        assert previous.is_deleted() == their_previous.is_deleted()
+        assert previous.is_deleted() or step > 0
         assert_same_outputs((out, ours_cache), (expected, theirs_cache))
 
 
