@@ -66,18 +66,19 @@ ON_0_10 = CURRENT == "0.10"
 # staged), set_mesh's concrete mesh (two meshes of one abstract mesh trace alike; in
 # `jax._src.mesh` from 0.11.2, where its default became an empty Mesh), the optimization levels,
 # and from 0.11.2 Pallas's collective ids. All are C++ objects; tests/test_jax_boundary.py
-# finds them in JAX's sources, so that a JAX that adds one fails there.
+# finds them in JAX's sources, so that a JAX that adds one fails there. (mypy reads one line's
+# JAX: a name of the other line is unknown to it.)
 jit_key_states = (
     _core.trace_state,
-    _config.device_context if ON_0_10 else _mesh.device_context,
+    _config.device_context if ON_0_10 else _mesh.device_context,  # type: ignore[attr-defined]
     _config.optimization_level,
     _config.memory_fitting_level,
     *(
         ()
         if ON_0_10
         else (
-            _config.jax_pallas_auto_assign_collective_ids,
-            _config.jax_pallas_auto_assign_collective_ids_limit,
+            _config.jax_pallas_auto_assign_collective_ids,  # type: ignore[attr-defined]
+            _config.jax_pallas_auto_assign_collective_ids_limit,  # type: ignore[attr-defined]
         )
     ),
 )
