@@ -49,11 +49,13 @@ build: venv
 rust-test:
 	cargo test --quiet
 
-# The bindings' tests embed the project's interpreter, with its packages and fastpjit on the
-# path; their own target folder keeps that build apart from maturin's. One thread: tests that
-# first import jax at the same time can see it half-imported.
+# The bindings' tests embed the project's interpreter (linked to its libpython, where it has a
+# shared one), with its packages and fastpjit on the path; their own target folder keeps that
+# build apart from maturin's. One thread: tests that first import jax at the same time can see
+# it half-imported.
 rust-test-bindings: build
 	PYO3_PYTHON=$(abspath $(PY)) \
+	LD_LIBRARY_PATH=$$($(PY) -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR"))') \
 	PYTHONPATH=$$($(PY) -c 'import site; print(site.getsitepackages()[0])'):$(abspath python) \
 	CARGO_TARGET_DIR=$${CARGO_TARGET_DIR:-target}/bindings-test \
 		cargo test --quiet -p fastpjit-bindings -- --test-threads=1

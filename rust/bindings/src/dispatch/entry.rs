@@ -888,18 +888,23 @@ def equal(a, b):
             assert!(ours.is_instance_of::<PyRuntimeError>(py), "{ours}");
             assert!(ours.get_type(py).is(theirs.get_type()));
             assert_eq!(ours.value(py).to_string(), theirs.to_string());
-            // Donated: the ValueError of JAX's cached call, which names the argument.
+            // Donated: the error of JAX's cached call. On jax 0.10.2 that is a ValueError of
+            // its own, which fastpjit's names the argument with; from 0.11.2 it is the deleted
+            // array's RuntimeError.
             let donated = m.call_method0("donated").unwrap();
             assert!(is_deleted(h, &donated).unwrap());
             let ours = check_live(h, &donated, 2).unwrap_err();
             let theirs = call(&m, "cached_call_error", (&donated,));
-            assert!(ours.is_instance_of::<PyValueError>(py), "{ours}");
-            assert!(ours.get_type(py).is(theirs.get_type()));
+            assert!(ours.get_type(py).is(theirs.get_type()), "{ours}");
             let message = ours.value(py).to_string();
-            assert!(
-                message.contains("argument 2") && message.contains("shape=float32[3]"),
-                "{message}"
-            );
+            if ours.is_instance_of::<PyValueError>(py) {
+                assert!(
+                    message.contains("argument 2") && message.contains("shape=float32[3]"),
+                    "{message}"
+                );
+            } else {
+                assert_eq!(message, theirs.to_string());
+            }
         });
     }
 
