@@ -256,14 +256,11 @@ def plot_file(plot: harness.Plot) -> str:
 
 def update_report(sections: dict[str, str]) -> None:
     """Rewrites the preamble and the given sections of BENCHMARKS.md, keeping the others, in
-    order of benchmark and JAX release. A section without a release (written before there was
-    more than one JAX line) goes when its benchmark is run again."""
+    order of benchmark and JAX release."""
     old = REPORT.read_text() if REPORT.exists() else ""
     found = re.findall(r"(<!-- bench:([\w.@-]+) -->.*?<!-- /bench:\2 -->)", old, flags=re.S)
-    merged = {key: text for text, key in found}
+    merged = {_keyed(key, text): text for text, key in found}
     merged.update(sections)
-    for key in sections:
-        merged.pop(key.partition("@")[0], None)
 
     def order(key: str) -> tuple[str, tuple[int, ...]]:
         name, _, release = key.partition("@jax-")
@@ -271,6 +268,13 @@ def update_report(sections: dict[str, str]) -> None:
 
     ordered = [merged[key] for key in sorted(merged, key=order)]
     REPORT.write_text(PREAMBLE + "\n" + "\n\n".join(ordered) + "\n")
+
+
+def _keyed(key: str, text: str) -> str:
+    """The key of a section, with its JAX release taken from its text where the key has none
+    (sections written before there was more than one JAX line)."""
+    release = re.search(r", jax (\S+), jaxlib", text)
+    return key if "@" in key or release is None else f"{key}@jax-{release.group(1)}"
 
 
 def main() -> None:
