@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+from lines import by_line
 
 import fastpjit
 from fastpjit._jax.api import jax_jit, jax_pmap
@@ -28,8 +29,8 @@ from fastpjit._shared import SharedCaches
 
 JAX_JIT, JAX_PMAP = jax_jit, jax_pmap
 DELEGATED = (
-    "jit: new numpy arrays, which JAX's C++ dispatch places for less than jaxlib's "
-    "Python API allows: JAX runs the call"
+    "jit: new numpy arrays or arrays on other devices, which JAX's C++ dispatch places for "
+    "less than jaxlib's Python API allows: JAX runs the call"
 )
 
 
@@ -554,6 +555,37 @@ def test_new_numpy_batches_go_to_jax_s_dispatch_counted_and_come_back():
     assert fastpjit.stats()["functions"][
         "test_new_numpy_batches_go_to_jax_s_dispatch_counted_and_come_back.<locals>.<lambda>"
     ]["fallbacks"] == {DELEGATED: 8}
+
+
+def test_new_arrays_on_another_device_go_to_jax_s_dispatch_where_it_copies_for_less():
+    # An uncommitted array on device 0 for a jit on device 1 is copied on every call. From jax
+    # 0.11.2 JAX's dispatch copies a new one for less than jaxlib's Python API lets fastpjit, so
+    # a stream of them goes to it (every call, until the recheck); on 0.10.2 fastpjit copies.
+    def shifted(x):
+        return x + 1
+
+    on_1 = jax.sharding.SingleDeviceSharding(jax.devices()[1])
+    ours, theirs = fastpjit.jit(shifted, in_shardings=on_1), JAX_JIT(shifted, in_shardings=on_1)
+    arrays = [jnp.full((8, 4), i, jnp.float32) for i in range(8)]
+    before = counts(shifted.__qualname__)
+    for i in range(40):
+        out, expected = ours(arrays[i % 8]), theirs(arrays[i % 8])
+        bitwise_equal(out, expected)
+        assert out.sharding == expected.sharding and out.committed == expected.committed
+    after = counts(shifted.__qualname__)
+    delegated = after["fallbacks"].get(DELEGATED, 0) - before["fallbacks"].get(DELEGATED, 0)
+    hits = after["cache_hits"] - before["cache_hits"]
+    assert after["cache_misses"] - before["cache_misses"] == 1
+    assert (hits, delegated) == by_line(jax_0_10=(39, 0), jax_0_11=(2, 37))
+    # The same array again: from the second recheck (the first copies x after another array),
+    # its copy is kept and fastpjit serves the calls.
+    x = arrays[0]
+    for _ in range(2 * 257 + 2):
+        ours(x)
+    before = counts(shifted.__qualname__)
+    for _ in range(5):
+        bitwise_equal(ours(x), theirs(x))
+    assert counts(shifted.__qualname__)["cache_hits"] - before["cache_hits"] == 5
 
 
 def test_a_tree_of_device_arrays_with_a_numpy_batch_stays_with_fastpjit():

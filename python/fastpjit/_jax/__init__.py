@@ -23,7 +23,12 @@ from fastpjit._jax import line as _line  # noqa: F401
 
 # Registers the launcher's cluster environment with jax.distributed.
 from fastpjit._jax import cluster_env as _cluster_env  # noqa: F401
-from fastpjit._jax.line import array_was_donated, indivisible_message, jit_key_states
+from fastpjit._jax.line import (
+    JAX_COPIES_FOR_LESS,
+    array_was_donated,
+    indivisible_message,
+    jit_key_states,
+)
 from fastpjit._jax.rust_handles import (
     ARRAY_HOST_VALUE,
     ARRAY_TO_HOST,
@@ -63,6 +68,7 @@ from fastpjit._jax.rust_handles import (
 # The names that the native module reads (rust/bindings/src: jax.rs, dispatch/handles.rs,
 # transfer.rs, sharding.rs).
 __all__ = [
+    "JAX_COPIES_FOR_LESS",
     "ARRAY_HOST_VALUE",
     "ARRAY_TO_HOST",
     "DISABLE_JIT_INDEX",

@@ -99,14 +99,16 @@ pub enum Counter {
     /// A call that JAX ran whole (a tracer, `disable_jit`, effects), counted besides its
     /// fallback's reason.
     JaxCall,
-    /// A call handed to jax.jit's C++ dispatch, which places its new numpy arrays faster: a
-    /// fallback of reason `DELEGATED`, counted without a lock.
+    /// A call handed to jax.jit's C++ dispatch, which places its new numpy arrays (or, from
+    /// jaxlib 0.11.2, copies its new arrays from other devices) faster: a fallback of reason
+    /// `DELEGATED`, counted without a lock.
     Delegated,
 }
 
 /// The fallback reason of `Counter::Delegated`.
-pub const DELEGATED: &str = "jit: new numpy arrays, which JAX's C++ dispatch places for less \
-                             than jaxlib's Python API allows: JAX runs the call";
+pub const DELEGATED: &str = "jit: new numpy arrays or arrays on other devices, which JAX's C++ \
+                             dispatch places for less than jaxlib's Python API allows: JAX runs \
+                             the call";
 
 /// The counters of one function (all the wrappers of one Python function and options).
 pub struct FunctionStats {

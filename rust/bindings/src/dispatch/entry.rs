@@ -269,7 +269,9 @@ impl Entry {
                     Input::Copy(copy) => {
                         // jaxlib's copy reads the array's buffers unchecked.
                         check_live(h, leaf, j)?;
-                        inputs.push(copy.copied(h, leaf)?);
+                        let (input, streaming) = copy.copied(h, leaf)?;
+                        took.inputs.copied += usize::from(streaming);
+                        inputs.push(input);
                     }
                     Input::Move(sharding) => {
                         check_live(h, leaf, j)?;
@@ -485,25 +487,32 @@ fn check_live(h: &Handles, array: &Bound<'_, PyAny>, position: usize) -> PyResul
 impl CopyInput {
     /// `array`, a live array, on the executable's device: the copy kept of it if there is one
     /// (and the transfer guard does not watch device-to-device transfers), else copied now.
-    fn copied<'py>(&self, h: &Handles, array: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    /// Also says whether it was copied now as one of a stream of new arrays (see
+    /// `LatestCopy::streaming`).
+    fn copied<'py>(
+        &self,
+        h: &Handles,
+        array: &Bound<'py, PyAny>,
+    ) -> PyResult<(Bound<'py, PyAny>, bool)> {
         let py = array.py();
         let Some(latest) = &self.latest else {
-            return self.copy(h, array);
+            return Ok((self.copy(h, array)?, false));
         };
         let lock = || latest.lock().unwrap_or_else(PoisonError::into_inner);
         let address = array.as_ptr() as usize;
         // The call holds `array`, a jax.Array: alive and not None.
-        let (kept, seen_again) = {
+        let (kept, seen_again, streaming) = {
             let latest = lock();
             let (kept, seen_again) = latest.lookup(address, |source| refers_to(source, array));
-            (kept.map(|copy| copy.clone_ref(py)), seen_again)
+            let streaming = kept.is_none() && latest.streaming(seen_again);
+            (kept.map(|copy| copy.clone_ref(py)), seen_again, streaming)
         };
         if let Some(copy) = kept {
             let copy = copy.into_bound(py);
             // `jax.live_arrays()` can reach the copy and delete it; then it is copied anew.
             if !h.transfers_guarded(names(py).device_to_device.bind(py))? && !is_deleted(h, &copy)?
             {
-                return Ok(copy);
+                return Ok((copy, false));
             }
         }
         let copy = self.copy(h, array)?;
@@ -517,7 +526,7 @@ impl CopyInput {
         // the GIL, and a thread that takes it may be waiting for this lock.
         let released = std::mem::replace(&mut *lock(), now);
         drop(released);
-        Ok(copy)
+        Ok((copy, streaming))
     }
 
     fn copy<'py>(&self, h: &Handles, array: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
@@ -922,19 +931,20 @@ def equal(a, b):
         });
     }
 
-    /// `array` on the device of `copy`'s target (device 1), as `copy` copies it.
+    /// `array` on the device of `copy`'s target (device 1), as `copy` copies it, and whether
+    /// it was copied as one of a stream of new arrays.
     fn copied<'py>(
         h: &Handles,
         m: &Bound<'py, PyModule>,
         copy: &CopyInput,
         array: &Bound<'py, PyAny>,
-    ) -> Bound<'py, PyAny> {
-        let out = copy.copied(h, array).unwrap();
+    ) -> (Bound<'py, PyAny>, bool) {
+        let (out, streaming) = copy.copied(h, array).unwrap();
         let ids: Vec<usize> = call(m, "device_ids", (&out,)).extract().unwrap();
         assert_eq!(ids, [1]);
         assert!(call(m, "equal", (&out, array)).is_truthy().unwrap());
         assert!(!is_deleted(h, &out).unwrap());
-        out
+        (out, streaming)
     }
 
     /// `leaf` placed as `arg` places it, with its value.
@@ -998,29 +1008,35 @@ def equal(a, b):
             assert!(consumed.latest.is_none());
 
             let copied = |copy: &CopyInput, array| copied(h, &m, copy, array);
-            // The copy is kept from the second call in a row with the array, and used again.
-            let first = copied(&copy, &x);
-            let second = copied(&copy, &x);
-            assert!(!second.is(&first));
-            assert!(copied(&copy, &x).is(&second));
-            assert!(copied(&copy, &x).is(&second));
-            // Another array is copied, and the copy kept of the first is let go.
+            // The copy is kept from the second call in a row with the array, and used again;
+            // none of these calls copies as one of a stream of new arrays.
+            let (first, streaming) = copied(&copy, &x);
+            assert!(!streaming);
+            let (second, streaming) = copied(&copy, &x);
+            assert!(!second.is(&first) && !streaming);
+            assert!(copied(&copy, &x).0.is(&second));
+            assert!(copied(&copy, &x).0.is(&second));
+            // Another array is copied, and the copy kept of the first is let go: each copy is
+            // one of a stream of new arrays (which JAX's dispatch copies for less from 0.11.2).
             let y = array_on_0(10.0);
-            assert!(!copied(&copy, &y).is(&second));
-            assert!(!copied(&copy, &x).is(&second));
+            let (of_y, streaming) = copied(&copy, &y);
+            assert!(!of_y.is(&second) && streaming);
+            let (of_x, streaming) = copied(&copy, &x);
+            assert!(!of_x.is(&second) && streaming);
             // A kept copy that was deleted is copied anew.
-            let kept = copied(&copy, &x);
-            assert!(copied(&copy, &x).is(&kept));
+            let kept = copied(&copy, &x).0;
+            assert!(copied(&copy, &x).0.is(&kept));
             kept.call_method0("delete").unwrap();
-            let fresh = copied(&copy, &x);
+            let fresh = copied(&copy, &x).0;
             assert!(!fresh.is(&kept));
             // (That copy is not kept: the rule starts over, and keeps the next one.)
-            let again = copied(&copy, &x);
-            assert!(copied(&copy, &x).is(&again));
+            let again = copied(&copy, &x).0;
+            assert!(copied(&copy, &x).0.is(&again));
             // A donated argument's copy is never kept.
-            let once = copied(&consumed, &x);
+            let (once, streaming) = copied(&consumed, &x);
+            assert!(!streaming);
             for _ in 0..3 {
-                assert!(!copied(&consumed, &x).is(&once));
+                assert!(!copied(&consumed, &x).0.is(&once));
             }
         });
     }

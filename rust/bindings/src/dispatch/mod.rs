@@ -661,9 +661,10 @@ impl JitFunction {
         let this = slf.get();
         let mut clock = Clock::start();
         let h = handles(py)?;
-        if this.delegation.delegates()
+        if this
+            .delegation
+            .delegates(|| carries_numpy_array(h, args, kwargs))
             && !recompiles_guarded()
-            && carries_numpy_array(h, args, kwargs)
         {
             if let Some(out) = this.delegate(py, args, kwargs) {
                 return out;
@@ -727,10 +728,11 @@ impl JitFunction {
                     if took.moved {
                         this.count_fallback(&this.reasons.moved);
                     }
-                    let can_delegate = took.inputs.placed > 0
+                    let can_delegate = (took.inputs.placed > 0 || took.inputs.copied > 0)
                         && entry.delegable()
                         && !matches!(*lock(&this.jax_dispatch), JaxDispatch::None);
-                    this.delegation.after_hit(can_delegate, took.inputs);
+                    this.delegation
+                        .after_hit(can_delegate, took.inputs, h.jax_copies_for_less);
                     if let Some(hook) = call.context.post_hook() {
                         let kwargs = kwargs.map_or_else(|| PyDict::new(py), Clone::clone);
                         hook.call1((slf, args, kwargs, &out))?;
@@ -775,9 +777,10 @@ impl JitFunction {
             out.set_item("reason", reason)?;
             Ok::<_, PyErr>(out.clone())
         };
-        let delegating = this.delegation.delegates()
+        let delegating = this
+            .delegation
+            .delegates(|| carries_numpy_array(h, args, kwargs))
             && !recompiles_guarded()
-            && carries_numpy_array(h, args, kwargs)
             && !matches!(*lock(&this.jax_dispatch), JaxDispatch::None);
         if delegating {
             return answer("fallback", None, Some(DELEGATED));

@@ -99,13 +99,16 @@ impl<C, M, H, L> InputPlan<C, M, H, L> {
     }
 
     /// Whether JAX's C++ dispatch takes this plan's calls as they come: one device, and every
-    /// argument an array on the input sharding or a host value.
+    /// argument an array on the input sharding or on another device (which it copies), or a
+    /// host value.
     pub fn delegable(&self) -> bool {
         !self.multi_device
-            && self
-                .inputs
-                .iter()
-                .all(|input| matches!(input, Input::Dropped | Input::Pass | Input::Host(_)))
+            && self.inputs.iter().all(|input| {
+                matches!(
+                    input,
+                    Input::Dropped | Input::Pass | Input::Copy(_) | Input::Host(_)
+                )
+            })
     }
 
     /// The leaves passed to the executable as they are, each with its place among the
@@ -171,7 +174,7 @@ mod tests {
 
     type Plan = InputPlan<(), (), (), ()>;
 
-    /// A plan whose kept arguments become `kinds` ("pass", "copy", "host").
+    /// A plan whose kept arguments become `kinds` ("pass", "copy", "move", "host").
     fn plan(num_consts: usize, kept: &[bool], donated: &[bool], kinds: &[&str]) -> Plan {
         let plan: Result<Plan, Infallible> = InputPlan::new(
             num_consts,
@@ -183,6 +186,7 @@ mod tests {
                 Ok(match kinds[j] {
                     "pass" => Input::Pass,
                     "copy" => Input::Copy(()),
+                    "move" => Input::Move(()),
                     _ => Input::Host(()),
                 })
             },
@@ -202,7 +206,8 @@ mod tests {
         assert!(!plan(0, &[true, false], &[false, false], &["pass", "pass"]).passthrough);
         let host = plan(0, &[true, true], &[false, false], &["pass", "host"]);
         assert!(!host.passthrough && host.delegable());
-        assert!(!plan(0, &[true], &[false], &["copy"]).delegable());
+        assert!(plan(0, &[true], &[false], &["copy"]).delegable());
+        assert!(!plan(0, &[true, true], &[false, false], &["pass", "move"]).delegable());
     }
 
     #[test]
