@@ -93,6 +93,16 @@ jit_key_states = (
 JAX_COPIES_FOR_LESS = not ON_0_10
 
 
+# The function that flattens a class registered with `jax.tree_util.register_dataclass`, by its
+# module and qualified name (its closure holds the fields): from jax 0.12 a private function of
+# another name registers dataclasses, within the 0.11 line.
+TREE_UTIL = "jax._src.tree_util"
+DATACLASS_FLATTEN = (
+    "register_dataclass.<locals>.flatten_func",
+    "_register_dataclass.<locals>.flatten_func",
+)
+
+
 def array_result_handler(aval: Any, sharding: Any, committed: bool) -> Any:
     """jaxlib's handler that wraps an executable's output buffers as a jax.Array of `aval` on
     `sharding`. jaxlib 0.10 checks the buffers unless told to skip it (JAX does); from 0.11.2

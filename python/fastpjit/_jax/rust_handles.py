@@ -25,6 +25,8 @@ from jax._src.lib import guard_lib as _guard_lib
 from jax._src.lib import xla_client as xc
 from jax._src.sharding_impls import GSPMDSharding
 
+from fastpjit._jax import line as _line
+
 
 def hlo_parts(sharding: Any, ndim: int) -> tuple[str, tuple[Any, ...]]:
     """The HLO sharding text and device assignment of any JAX sharding."""
@@ -133,14 +135,6 @@ transfer_guard_global_state = _guard_lib.global_state()
 TRANSFER_GUARD_ALLOW = _guard_lib.TransferGuardLevel.ALLOW
 
 
-# The flatten function of a registered dataclass, by its qualified name: JAX 0.12 registers
-# dataclasses in a private function of another name.
-_DATACLASS_FLATTEN = (
-    "register_dataclass.<locals>.flatten_func",
-    "_register_dataclass.<locals>.flatten_func",
-)
-
-
 def dataclass_fields(kind: type) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
     """The data and meta fields of a class registered with `jax.tree_util.register_dataclass`
     (JAX's registries take such a node apart by reading those attributes), or None for any
@@ -150,7 +144,7 @@ def dataclass_fields(kind: type) -> tuple[tuple[str, ...], tuple[str, ...]] | No
     code = getattr(flatten, "__code__", None)
     if code is None or code.co_freevars != ("data_fields", "meta_fields"):
         return None
-    if flatten.__qualname__ not in _DATACLASS_FLATTEN or flatten.__module__ != "jax._src.tree_util":
+    if flatten.__qualname__ not in _line.DATACLASS_FLATTEN or flatten.__module__ != _line.TREE_UTIL:
         return None
     data, meta = (cell.cell_contents for cell in flatten.__closure__)
     return tuple(data), tuple(meta)

@@ -7,12 +7,17 @@
 //! pass few device arrays (which fastpjit reads for less than JAX does), is faster through
 //! JAX's dispatch: after such a hit of fastpjit's, the next calls that carry numpy arrays go
 //! to JAX, and every `RECHECK`-th call comes back to fastpjit's path to see whether the calls
-//! still place them. From jaxlib 0.11.2 the same holds for arrays that a call passes on other
-//! devices than the executable's: JAX's dispatch copies them without a Python array either
-//! (`fastpjit._jax.line.JAX_COPIES_FOR_LESS`), so a stream of new ones weighs as placed ones
-//! do, and then every call goes to JAX until the recheck.
+//! still place them.
+//!
+//! From jaxlib 0.11.2 the same holds for arrays that a call passes on other devices than the
+//! executable's: JAX's dispatch copies them without a Python array either
+//! (`fastpjit._jax.line.JAX_COPIES_FOR_LESS`). An array passed again takes the copy kept from
+//! its previous call, for less than JAX pays; so only a run of `COPYING_HITS` hits that copied
+//! new arrays hands the calls to JAX (a hit that copies an array passed again, to keep the
+//! copy, neither adds to the run nor ends it), and then every call goes there until the
+//! recheck.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 
 /// Every how many calls a delegating function takes fastpjit's path again.
 pub const RECHECK: u32 = 256;
@@ -20,6 +25,9 @@ pub const RECHECK: u32 = 256;
 /// an array leaf for about 0.4 µs less than JAX does, and JAX places a small numpy array for
 /// about 1.6 µs less than `batched_device_put` does.
 pub const ARRAYS_PER_PLACED: usize = 4;
+/// How many hits that copied new arrays to the executable's devices (and favour JAX's
+/// dispatch) it takes to hand the calls to JAX, each time.
+pub const COPYING_HITS: u32 = 3;
 
 /// What a hit of fastpjit's did with the call's arguments.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -27,9 +35,10 @@ pub struct HitInputs {
     /// Numpy arrays placed on the device as new values, not served from kept device copies
     /// and not repeating (see `KeptValues::streaming`).
     pub placed: usize,
-    /// Arrays copied to the executable's devices as new values, each after a copy of another
-    /// (see `LatestCopy::streaming`).
+    /// Arrays copied to the executable's devices as new ones (not served from a kept copy).
     pub copied: usize,
+    /// Arrays passed again, copied once more to keep the copy (see `LatestCopy`).
+    pub copied_to_keep: usize,
     /// Device arrays passed as they are.
     pub passed: usize,
 }
@@ -43,14 +52,19 @@ impl HitInputs {
     }
 }
 
-/// One function's choice, shared by the threads that call it: 0 while fastpjit serves the
-/// calls, else how many calls in a row have gone to JAX, plus one; and whether every call goes
-/// (copies decided it) or only those that carry numpy arrays.
+/// One function's choice, shared by the threads that call it.
 #[derive(Debug, Default)]
 pub struct Delegation {
+    /// 0 while fastpjit serves the calls, else how many calls in a row have gone to JAX, plus
+    /// one, with `EVERY_CALL` set where copies decided it (every call goes, not only those
+    /// that carry numpy arrays).
     state: AtomicU32,
-    every_call: AtomicBool,
+    /// The hits that copied new arrays and favoured JAX, since the latest that did neither.
+    copying_hits: AtomicU32,
 }
+
+/// The bit of `Delegation::state` that hands every call to JAX.
+const EVERY_CALL: u32 = 1 << 31;
 
 impl Delegation {
     /// Whether this call goes to JAX's dispatch; `carries_numpy` tells whether it carries a
@@ -60,24 +74,36 @@ impl Delegation {
         if state == 0 {
             return false;
         }
-        if state > RECHECK {
+        if state & !EVERY_CALL > RECHECK {
             self.state.store(0, Ordering::Relaxed);
             return false;
         }
         self.state.store(state + 1, Ordering::Relaxed);
-        self.every_call.load(Ordering::Relaxed) || carries_numpy()
+        state & EVERY_CALL != 0 || carries_numpy()
     }
 
     /// Records a hit of fastpjit's that took `inputs` (`can_delegate`: whether this function
     /// has JAX's dispatch to hand calls to, and its executable takes them as JAX's would).
     pub fn after_hit(&self, can_delegate: bool, inputs: HitInputs, jax_copies_for_less: bool) {
-        // Stored only where they change: the hits of many threads read them.
         let favour = can_delegate && inputs.favour_jax(jax_copies_for_less);
-        let every_call = favour && inputs.placed == 0;
-        if self.every_call.load(Ordering::Relaxed) != every_call {
-            self.every_call.store(every_call, Ordering::Relaxed);
+        let state = if favour && inputs.placed > 0 {
+            1
+        } else if favour {
+            if self.copying_hits.fetch_add(1, Ordering::Relaxed) + 1 < COPYING_HITS {
+                return;
+            }
+            EVERY_CALL | 1
+        } else if inputs.copied_to_keep > 0 && inputs.placed == 0 && inputs.copied == 0 {
+            return;
+        } else {
+            0
+        };
+        // A run hands the calls over once: after the recheck, a new run must be seen (an
+        // array passed again is copied twice before its kept copy serves). Stored only where
+        // they change: the hits of many threads read them.
+        if self.copying_hits.load(Ordering::Relaxed) != 0 {
+            self.copying_hits.store(0, Ordering::Relaxed);
         }
-        let state = u32::from(favour);
         if self.state.load(Ordering::Relaxed) != state {
             self.state.store(state, Ordering::Relaxed);
         }
@@ -91,11 +117,19 @@ mod tests {
     const NUMPY_BATCH: HitInputs = HitInputs {
         placed: 2,
         copied: 0,
+        copied_to_keep: 0,
         passed: 3,
     };
     const NEW_COPIES: HitInputs = HitInputs {
         placed: 0,
         copied: 1,
+        copied_to_keep: 0,
+        passed: 2,
+    };
+    const COPIES_TO_KEEP: HitInputs = HitInputs {
+        placed: 0,
+        copied: 0,
+        copied_to_keep: 1,
         passed: 2,
     };
     const CARRIES_NUMPY: fn() -> bool = || true;
@@ -109,6 +143,7 @@ mod tests {
             HitInputs {
                 placed: 0,
                 copied: 0,
+                copied_to_keep: 0,
                 passed: 2,
             },
             false,
@@ -147,6 +182,7 @@ mod tests {
             HitInputs {
                 placed: 0,
                 copied: 0,
+                copied_to_keep: 0,
                 passed: 1,
             },
             false,
@@ -158,8 +194,8 @@ mod tests {
     fn many_device_arrays_outweigh_a_placed_one() {
         let one_placed = |passed| HitInputs {
             placed: 1,
-            copied: 0,
             passed,
+            ..HitInputs::default()
         };
         assert!(one_placed(ARRAYS_PER_PLACED).favour_jax(false));
         assert!(!one_placed(ARRAYS_PER_PLACED + 1).favour_jax(false));
@@ -167,7 +203,7 @@ mod tests {
     }
 
     #[test]
-    fn new_copies_weigh_as_placed_arrays_only_where_jax_copies_for_less() {
+    fn copies_weigh_as_placed_arrays_only_where_jax_copies_for_less() {
         assert!(NEW_COPIES.favour_jax(true));
         assert!(!NEW_COPIES.favour_jax(false));
         let copies_and_many_arrays = HitInputs {
@@ -176,23 +212,56 @@ mod tests {
         };
         assert!(!copies_and_many_arrays.favour_jax(true));
         let delegation = Delegation::default();
-        delegation.after_hit(true, NEW_COPIES, false);
+        for _ in 0..10 {
+            delegation.after_hit(true, NEW_COPIES, false);
+        }
         assert!(!delegation.delegates(CARRIES_NUMPY));
     }
 
+    /// The delegation after `hits`.
+    fn after(hits: &[HitInputs]) -> Delegation {
+        let delegation = Delegation::default();
+        for &inputs in hits {
+            delegation.after_hit(true, inputs, true);
+        }
+        delegation
+    }
+
     #[test]
-    fn copies_hand_every_call_to_jax_and_numpy_only_the_calls_that_carry_it() {
+    fn a_run_of_copying_hits_hands_every_call_to_jax() {
         let carries_none = || false;
-        let delegation = Delegation::default();
-        delegation.after_hit(true, NUMPY_BATCH, true);
+        let (new, to_keep, none) = (NEW_COPIES, COPIES_TO_KEEP, HitInputs::default());
+        // An array passed again is copied once more to keep the copy, which then serves.
+        let repeats = [new, to_keep, none, none, new, to_keep, none];
+        assert!(!after(&repeats).delegates(carries_none));
+        // New arrays at the address of the one before are taken for a repeat, and kept.
+        assert!(after(&[new, to_keep, new, to_keep, new]).delegates(carries_none));
+        let delegation = after(&[new, new, new]);
+        // Until the recheck, after which another run hands them over again.
+        for _ in 0..RECHECK {
+            assert!(delegation.delegates(carries_none));
+        }
+        for _ in 1..COPYING_HITS {
+            assert!(!delegation.delegates(carries_none));
+            delegation.after_hit(true, NEW_COPIES, true);
+        }
         assert!(!delegation.delegates(carries_none));
-        assert!(delegation.delegates(CARRIES_NUMPY));
-        let delegation = Delegation::default();
         delegation.after_hit(true, NEW_COPIES, true);
         assert!(delegation.delegates(carries_none));
-        // A hit that copies nothing new ends it.
-        let _ = delegation.delegates(carries_none);
+        // A hit that copies nothing ends a run.
+        while delegation.delegates(carries_none) {}
+        delegation.after_hit(true, NEW_COPIES, true);
         delegation.after_hit(true, HitInputs::default(), true);
+        delegation.after_hit(true, NEW_COPIES, true);
+        delegation.after_hit(true, NEW_COPIES, true);
         assert!(!delegation.delegates(carries_none));
+    }
+
+    #[test]
+    fn numpy_hands_only_the_calls_that_carry_it_to_jax() {
+        let delegation = Delegation::default();
+        delegation.after_hit(true, NUMPY_BATCH, true);
+        assert!(!delegation.delegates(|| false));
+        assert!(delegation.delegates(CARRIES_NUMPY));
     }
 }

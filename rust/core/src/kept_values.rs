@@ -120,12 +120,6 @@ impl<S, T> LatestCopy<S, T> {
         }
     }
 
-    /// Whether a copy made now, of a source that `lookup` did not find (`seen_again` as it
-    /// said), follows a copy of another source: calls that pass a new array every time.
-    pub fn streaming(&self, seen_again: bool) -> bool {
-        !seen_again && !matches!(self, Self::Nothing)
-    }
-
     /// What follows a copy of the source at `address`: the source and its copy (made by `keep`)
     /// where `seen_again` (as `lookup` said), else the address alone.
     pub fn after_copy<E>(
@@ -264,27 +258,5 @@ mod tests {
             assert!(!call(&mut latest, i as usize, i));
             assert!(matches!(latest, LatestCopy::At(_)));
         }
-    }
-
-    /// Whether the call of a source at `address` copies it as one of a stream of new sources.
-    fn streams(latest: &mut LatestCopy<u32, &'static str>, address: usize, source: u32) -> bool {
-        let (kept, seen_again) = latest.lookup(address, |s| *s == source);
-        let streaming = kept.is_none() && latest.streaming(seen_again);
-        call(latest, address, source);
-        streaming
-    }
-
-    #[test]
-    fn a_new_source_after_another_streams_and_a_repeated_one_does_not() {
-        let mut latest = LatestCopy::default();
-        // The same source: its first two calls copy it, then its copy serves.
-        assert!(!streams(&mut latest, 8, 1));
-        assert!(!streams(&mut latest, 8, 1));
-        assert!(!streams(&mut latest, 8, 1));
-        // New sources, at new addresses or at the address of the one before.
-        assert!(streams(&mut latest, 16, 2));
-        assert!(streams(&mut latest, 24, 3));
-        assert!(!streams(&mut latest, 24, 4)); // taken for the one before, by its address
-        assert!(streams(&mut latest, 24, 5));
     }
 }

@@ -84,6 +84,17 @@ struct CopyInput {
     latest: Option<Mutex<LatestCopy<Py<PyWeakrefReference>, Py<PyAny>>>>,
 }
 
+/// How a `CopyInput` gave an array on the executable's devices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Copied {
+    /// The copy kept from the call before, which passed the same array.
+    Kept,
+    /// Copied now, as a new array.
+    New,
+    /// Copied now, and kept: the call before passed an array at the same address.
+    ToKeep,
+}
+
 /// The largest array whose latest copy is kept: the copy is held until another array is
 /// copied, and the time that keeping saves (about 4 µs) matters for small arrays only.
 const KEPT_COPY_BYTES: usize = 1 << 20;
@@ -269,8 +280,12 @@ impl Entry {
                     Input::Copy(copy) => {
                         // jaxlib's copy reads the array's buffers unchecked.
                         check_live(h, leaf, j)?;
-                        let (input, streaming) = copy.copied(h, leaf)?;
-                        took.inputs.copied += usize::from(streaming);
+                        let (input, how) = copy.copied(h, leaf)?;
+                        match how {
+                            Copied::Kept => {}
+                            Copied::New => took.inputs.copied += 1,
+                            Copied::ToKeep => took.inputs.copied_to_keep += 1,
+                        }
                         inputs.push(input);
                     }
                     Input::Move(sharding) => {
@@ -487,32 +502,30 @@ fn check_live(h: &Handles, array: &Bound<'_, PyAny>, position: usize) -> PyResul
 impl CopyInput {
     /// `array`, a live array, on the executable's device: the copy kept of it if there is one
     /// (and the transfer guard does not watch device-to-device transfers), else copied now.
-    /// Also says whether it was copied now as one of a stream of new arrays (see
-    /// `LatestCopy::streaming`).
+    /// Also says how: taken from the kept copy, copied as a new array, or copied to be kept.
     fn copied<'py>(
         &self,
         h: &Handles,
         array: &Bound<'py, PyAny>,
-    ) -> PyResult<(Bound<'py, PyAny>, bool)> {
+    ) -> PyResult<(Bound<'py, PyAny>, Copied)> {
         let py = array.py();
         let Some(latest) = &self.latest else {
-            return Ok((self.copy(h, array)?, false));
+            return Ok((self.copy(h, array)?, Copied::New));
         };
         let lock = || latest.lock().unwrap_or_else(PoisonError::into_inner);
         let address = array.as_ptr() as usize;
         // The call holds `array`, a jax.Array: alive and not None.
-        let (kept, seen_again, streaming) = {
+        let (kept, seen_again) = {
             let latest = lock();
             let (kept, seen_again) = latest.lookup(address, |source| refers_to(source, array));
-            let streaming = kept.is_none() && latest.streaming(seen_again);
-            (kept.map(|copy| copy.clone_ref(py)), seen_again, streaming)
+            (kept.map(|copy| copy.clone_ref(py)), seen_again)
         };
         if let Some(copy) = kept {
             let copy = copy.into_bound(py);
             // `jax.live_arrays()` can reach the copy and delete it; then it is copied anew.
             if !h.transfers_guarded(names(py).device_to_device.bind(py))? && !is_deleted(h, &copy)?
             {
-                return Ok((copy, false));
+                return Ok((copy, Copied::Kept));
             }
         }
         let copy = self.copy(h, array)?;
@@ -526,7 +539,12 @@ impl CopyInput {
         // the GIL, and a thread that takes it may be waiting for this lock.
         let released = std::mem::replace(&mut *lock(), now);
         drop(released);
-        Ok((copy, streaming))
+        let how = if seen_again {
+            Copied::ToKeep
+        } else {
+            Copied::New
+        };
+        Ok((copy, how))
     }
 
     fn copy<'py>(&self, h: &Handles, array: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
@@ -931,20 +949,19 @@ def equal(a, b):
         });
     }
 
-    /// `array` on the device of `copy`'s target (device 1), as `copy` copies it, and whether
-    /// it was copied as one of a stream of new arrays.
+    /// `array` on the device of `copy`'s target (device 1), as `copy` copies it, and how.
     fn copied<'py>(
         h: &Handles,
         m: &Bound<'py, PyModule>,
         copy: &CopyInput,
         array: &Bound<'py, PyAny>,
-    ) -> (Bound<'py, PyAny>, bool) {
-        let (out, streaming) = copy.copied(h, array).unwrap();
+    ) -> (Bound<'py, PyAny>, Copied) {
+        let (out, how) = copy.copied(h, array).unwrap();
         let ids: Vec<usize> = call(m, "device_ids", (&out,)).extract().unwrap();
         assert_eq!(ids, [1]);
         assert!(call(m, "equal", (&out, array)).is_truthy().unwrap());
         assert!(!is_deleted(h, &out).unwrap());
-        (out, streaming)
+        (out, how)
     }
 
     /// `leaf` placed as `arg` places it, with its value.
@@ -1008,21 +1025,20 @@ def equal(a, b):
             assert!(consumed.latest.is_none());
 
             let copied = |copy: &CopyInput, array| copied(h, &m, copy, array);
-            // The copy is kept from the second call in a row with the array, and used again;
-            // none of these calls copies as one of a stream of new arrays.
-            let (first, streaming) = copied(&copy, &x);
-            assert!(!streaming);
-            let (second, streaming) = copied(&copy, &x);
-            assert!(!second.is(&first) && !streaming);
+            // The copy is kept from the second call in a row with the array, and used again.
+            let (first, how) = copied(&copy, &x);
+            assert_eq!(how, Copied::New);
+            let (second, how) = copied(&copy, &x);
+            assert!(!second.is(&first) && how == Copied::ToKeep);
+            let (again, how) = copied(&copy, &x);
+            assert!(again.is(&second) && how == Copied::Kept);
             assert!(copied(&copy, &x).0.is(&second));
-            assert!(copied(&copy, &x).0.is(&second));
-            // Another array is copied, and the copy kept of the first is let go: each copy is
-            // one of a stream of new arrays (which JAX's dispatch copies for less from 0.11.2).
+            // Another array is copied, and the copy kept of the first is let go.
             let y = array_on_0(10.0);
-            let (of_y, streaming) = copied(&copy, &y);
-            assert!(!of_y.is(&second) && streaming);
-            let (of_x, streaming) = copied(&copy, &x);
-            assert!(!of_x.is(&second) && streaming);
+            let (of_y, how) = copied(&copy, &y);
+            assert!(!of_y.is(&second) && how == Copied::New);
+            let (of_x, how) = copied(&copy, &x);
+            assert!(!of_x.is(&second) && how == Copied::New);
             // A kept copy that was deleted is copied anew.
             let kept = copied(&copy, &x).0;
             assert!(copied(&copy, &x).0.is(&kept));
@@ -1033,8 +1049,8 @@ def equal(a, b):
             let again = copied(&copy, &x).0;
             assert!(copied(&copy, &x).0.is(&again));
             // A donated argument's copy is never kept.
-            let (once, streaming) = copied(&consumed, &x);
-            assert!(!streaming);
+            let (once, how) = copied(&consumed, &x);
+            assert_eq!(how, Copied::New);
             for _ in 0..3 {
                 assert!(!copied(&consumed, &x).0.is(&once));
             }

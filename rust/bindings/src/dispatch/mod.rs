@@ -728,6 +728,7 @@ impl JitFunction {
                     if took.moved {
                         this.count_fallback(&this.reasons.moved);
                     }
+                    // Asked only where the hit placed or copied new arrays: it takes a lock.
                     let can_delegate = (took.inputs.placed > 0 || took.inputs.copied > 0)
                         && entry.delegable()
                         && !matches!(*lock(&this.jax_dispatch), JaxDispatch::None);
