@@ -5,8 +5,10 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # A jax and jaxlib release to install in the venv and keep there (`make test-all` sets it per
-# line); empty: the newest that pyproject.toml allows for the Python.
+# line); empty: the newest that pyproject.toml allows for the Python. Each release has its own
+# stamp in the venv, so that asking for another installs it.
 JAX ?=
+INSTALLED := $(VENV)/.installed$(if $(JAX),-jax-$(JAX))
 export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
 export JAX_PLATFORMS ?= cpu
 
@@ -26,13 +28,13 @@ serve: build
 
 test: build rust-test rust-test-bindings py-test
 
-venv: $(VENV)/.installed
+venv: $(INSTALLED)
 
 # Every pin lives in pyproject.toml. The venv gets the build backend that it names (and JAX's
 # release, where one is asked for, which a constraints file keeps); `build` then installs the
 # package with its dependencies (jax, jaxlib and numpy, before maturin compiles) and the dev
 # (tests, lints) and tools (progress bars, plots) extras.
-$(VENV)/.installed: pyproject.toml
+$(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
 	printf '%s\n' $(if $(JAX),jax==$(JAX) jaxlib==$(JAX)) > $(VENV)/constraints.txt

@@ -893,8 +893,9 @@ def test_a_namedtuple_registered_as_a_custom_node_flattens_as_registered():
 @pytest.mark.timeout(120)
 def test_sharding_values_past_the_memo_s_bound_are_forgotten_and_calls_stay_right():
     """Each sharding value seen takes an id, remembered for at most 1,024 values; past that
-    bound every value is forgotten and takes a new id. A call whose sharding object is new and
-    equal to a cached signature's then misses once, and its results stay JAX's."""
+    bound the value found least recently goes, and takes a new id when it comes back. A call
+    whose sharding object is new and equal to a cached signature's then misses once, and its
+    results stay JAX's."""
     import itertools
 
     f = fastpjit.jit(fresh(lambda x: x * 2))
@@ -915,3 +916,5 @@ def test_sharding_values_past_the_memo_s_bound_are_forgotten_and_calls_stay_righ
     assert f(again).sharding == jax.jit(lambda x: x * 2)(again).sharding
     assert fastpjit.stats()["cache_misses"] - before == 1
     assert fastpjit.explain(f, again).outcome == "hit"
+    # The objects of that value remembered earlier were read again: all take its new id.
+    assert fastpjit.explain(f, first).outcome == "hit"

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use fastpjit_core::dispatch::seen::SeenArrays as Remembered;
 pub use fastpjit_core::dispatch::{AvalValue, DtypeKey, HostKind, ScalarKind, ShardingId};
 use fastpjit_core::dispatch::{Descr, SEEN_POSITIONS};
-use fastpjit_core::BoundedMap;
+use fastpjit_core::{BoundedMap, LeastRecent, Recency, UseStamp};
 use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
@@ -280,10 +280,26 @@ type Memo<V> = BoundedMap<usize, (Py<PyAny>, V)>;
 struct LeafMemo {
     avals: Memo<Arc<AvalValue>>,
     shardings: Memo<ShardingId>,
-    /// By hash; when full, every id is new after it forgets, and signatures kept with old ids
-    /// miss, no more.
-    representatives: BoundedMap<isize, (Py<PyAny>, ShardingId)>,
+    /// By hash; when full, the value found least recently goes, and every object is read
+    /// again, so that all objects of a value have one id. A value that comes back after it
+    /// went has a new id, and signatures kept with the old one miss, no more. (Forgetting every
+    /// value instead made every sharding in use miss once, whenever a program had made more
+    /// values than the memo holds.)
+    representatives: BoundedMap<isize, Representative, LeastRecent>,
     next_id: ShardingId,
+}
+
+/// The sharding that stands for its value, the value's id, and when it was last found.
+struct Representative {
+    sharding: Py<PyAny>,
+    id: ShardingId,
+    found: UseStamp,
+}
+
+impl Recency for Representative {
+    fn last_used(&self) -> u64 {
+        self.found.get()
+    }
 }
 
 const MEMO_AVALS: usize = 8192;
@@ -365,7 +381,10 @@ pub fn sharding_id(sharding: &Bound<'_, PyAny>) -> PyResult<ShardingId> {
     let hash = sharding.hash()?;
     let representatives: Vec<(Py<PyAny>, ShardingId)> = with_memo(|memo| {
         let found = memo.representatives.bucket(&hash);
-        found.iter().map(|(r, i)| (r.clone_ref(py), *i)).collect()
+        found
+            .iter()
+            .map(|r| (r.sharding.clone_ref(py), r.id))
+            .collect()
     });
     let mut found = None;
     for (representative, id) in &representatives {
@@ -375,18 +394,32 @@ pub fn sharding_id(sharding: &Bound<'_, PyAny>) -> PyResult<ShardingId> {
         }
     }
     let (id, forgotten) = with_memo(|memo| {
-        let (id, forgotten_representatives) = if let Some(id) = found {
-            (id, None)
+        // `==` ran Python outside the lock: the representative found may have gone since.
+        let kept = found.and_then(|id| {
+            let bucket = memo.representatives.bucket(&hash);
+            bucket.iter().find(|r| r.id == id)
+        });
+        let (id, forgotten_values, forgotten_objects) = if let Some(kept) = kept {
+            kept.found.mark();
+            (kept.id, None, None)
         } else {
             memo.next_id += 1;
             let id = memo.next_id;
-            let representative = (sharding.clone().unbind(), id);
-            (id, Some(memo.representatives.push(hash, representative)))
+            let representative = Representative {
+                sharding: sharding.clone().unbind(),
+                id,
+                found: UseStamp::now(),
+            };
+            let values = memo.representatives.push(hash, representative);
+            // An object remembered with the id of a value that went would keep that id while
+            // new objects of the value take another: every object is read again.
+            let objects = (!values.is_empty()).then(|| memo.shardings.clear());
+            (id, Some(values), objects)
         };
         let forgotten = memo
             .shardings
             .insert(address, (sharding.clone().unbind(), id));
-        (id, (forgotten_representatives, forgotten))
+        (id, (forgotten_values, forgotten_objects, forgotten))
     });
     // Released after the lock: freeing Python objects can run Python.
     drop(forgotten);
