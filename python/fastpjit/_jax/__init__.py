@@ -1,7 +1,9 @@
 """fastpjit's JAX boundary: the only package that names JAX's or jaxlib's private APIs.
 
 A JAX upgrade that moves any of these names should need changes here and nowhere else; the
-assumptions it relies on are listed, as data, in tests/test_jax_boundary.py. One module per
+assumptions it relies on are listed, as data, in tests/test_jax_boundary.py. `line` comes first:
+it refuses a JAX that fastpjit does not support, chooses the JAX line once, and holds every
+difference between the lines (re-exported here where Rust reads one). Then one module per
 consumer:
 
 - `rust_handles`: what the native module `fastpjit._core` reads by name from `fastpjit._jax`
@@ -68,12 +70,12 @@ from fastpjit._jax.rust_handles import (
 # The names that the native module reads (rust/bindings/src: jax.rs, dispatch/handles.rs,
 # transfer.rs, sharding.rs).
 __all__ = [
-    "JAX_COPIES_FOR_LESS",
     "ARRAY_HOST_VALUE",
     "ARRAY_TO_HOST",
     "DISABLE_JIT_INDEX",
     "HOST_BUFFER_COPY",
     "HOST_BUFFER_ZERO_COPY",
+    "JAX_COPIES_FOR_LESS",
     "TRANSFER_GUARD_ALLOW",
     "ArrayImpl",
     "array_aval",
