@@ -26,7 +26,6 @@ from fastpjit._jax import line as _line  # noqa: F401
 # Registers the launcher's cluster environment with jax.distributed.
 from fastpjit._jax import cluster_env as _cluster_env  # noqa: F401
 from fastpjit._jax.line import (
-    JAX_COPIES_FOR_LESS,
     array_was_donated,
     indivisible_message,
     jit_key_states,
@@ -75,7 +74,6 @@ __all__ = [
     "DISABLE_JIT_INDEX",
     "HOST_BUFFER_COPY",
     "HOST_BUFFER_ZERO_COPY",
-    "JAX_COPIES_FOR_LESS",
     "TRANSFER_GUARD_ALLOW",
     "ArrayImpl",
     "array_aval",

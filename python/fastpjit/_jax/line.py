@@ -84,15 +84,6 @@ jit_key_states = (
 )
 
 
-# Whether jax.jit's C++ dispatch copies an array that a call passes on other devices to the
-# executable's for less than jaxlib's `batched_copy` does, which builds a Python array on the
-# way: from 0.11.2 it does (instructions per call, on the calling thread, of a jit on device 1
-# given a new array on device 0 each time: JAX 59,500 against fastpjit's 70,300 on 0.12.0.1;
-# 69,500 against 67,200 on 0.10.2). The dispatcher then hands a stream of such calls to JAX's
-# dispatch, as it does calls that place new numpy arrays (rust/core/src/delegation.rs).
-JAX_COPIES_FOR_LESS = not ON_0_10
-
-
 # The function that flattens a class registered with `jax.tree_util.register_dataclass`, by its
 # module and qualified name (its closure holds the fields): from jax 0.12 a private function of
 # another name registers dataclasses, within the 0.11 line.

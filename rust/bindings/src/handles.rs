@@ -52,9 +52,6 @@ pub struct Handles {
     pub rewrap: Py<PyAny>,
     /// `builtins.sorted`, for the keys of dicts that JAX flattens in sorted order.
     pub sorted: Py<PyAny>,
-    /// Whether jax.jit's own dispatch copies an array to the executable's devices for less
-    /// than `batched_copy` does, so that a stream of such calls is handed to it.
-    pub jax_copies_for_less: bool,
 
     // The shard path's (`device_put`, `device_get`), read per new plan or per array.
     /// jaxlib's put of per-device host values as one array.
@@ -193,7 +190,6 @@ fn fetch(py: Python<'_>) -> PyResult<Handles> {
         guard_allow: get(jax, "TRANSFER_GUARD_ALLOW")?,
         rewrap: get(jax, "array_rewrap")?,
         sorted: get(&py.import("builtins")?, "sorted")?,
-        jax_copies_for_less: jax.getattr("JAX_COPIES_FOR_LESS")?.extract()?,
         batched_device_put: get(jax, "batched_device_put")?,
         zero_copy: get(jax, "HOST_BUFFER_ZERO_COPY")?,
         copy: get(jax, "HOST_BUFFER_COPY")?,

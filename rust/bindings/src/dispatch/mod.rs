@@ -732,8 +732,7 @@ impl JitFunction {
                     let can_delegate = (took.inputs.placed > 0 || took.inputs.copied > 0)
                         && entry.delegable()
                         && !matches!(*lock(&this.jax_dispatch), JaxDispatch::None);
-                    this.delegation
-                        .after_hit(can_delegate, took.inputs, h.jax_copies_for_less);
+                    this.delegation.after_hit(can_delegate, took.inputs);
                     if let Some(hook) = call.context.post_hook() {
                         let kwargs = kwargs.map_or_else(|| PyDict::new(py), Clone::clone);
                         hook.call1((slf, args, kwargs, &out))?;
