@@ -99,9 +99,9 @@ pub enum Counter {
     /// A call that JAX ran whole (a tracer, `disable_jit`, effects), counted besides its
     /// fallback's reason.
     JaxCall,
-    /// A call handed to jax.jit's C++ dispatch, which places its new numpy arrays (or, from
-    /// jaxlib 0.11.2, copies its new arrays from other devices) faster: a fallback of reason
-    /// `DELEGATED`, counted without a lock.
+    /// A call handed to jax.jit's C++ dispatch, which places its new numpy arrays (or copies
+    /// its new arrays from other devices) faster: a fallback of reason `DELEGATED`, counted
+    /// without a lock.
     Delegated,
 }
 
