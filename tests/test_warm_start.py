@@ -428,3 +428,201 @@ def test_a_call_under_a_mesh_context_replays_under_it(mesh, tmp_path):
         out = fresh(jax.device_put(np.ones((8, 4), np.float32), NamedSharding(mesh, P("x"))))
     assert fastpjit.stats()["cache_misses"] == before
     np.testing.assert_array_equal(out, 2.0)
+
+
+# -- Records with a bounded cost ------------------------------------------------------------
+
+
+def named_leaf(mesh_shape, device_ids, shape=(4,)):
+    return {
+        "leaf": {
+            "kind": "array",
+            "shape": list(shape),
+            "dtype": "float32",
+            "weak_type": False,
+            "committed": True,
+            "sharding": {
+                "type": "named",
+                "mesh_shape": mesh_shape,
+                "axis_names": [f"a{i}" for i in range(len(mesh_shape))],
+                "axis_types": ["Auto"] * len(mesh_shape),
+                "device_ids": device_ids,
+                "spec": [None] * len(shape),
+                "memory_kind": None,
+            },
+        }
+    }
+
+
+def under_mesh(mesh):
+    """A record whose one signature runs under `jax.set_mesh` of `mesh`."""
+    record = a_record()
+    record["functions"]["f"]["signatures"][0]["config"]["mesh"] = mesh
+    return record
+
+
+@pytest.mark.parametrize(
+    ("record", "words"),
+    [
+        # jaxlib aborts the process on a mesh with no devices.
+        (with_argument(named_leaf([0, 4], [])), "a mesh dim of at least 1"),
+        (
+            under_mesh(
+                {
+                    "mesh_shape": [0, 4],
+                    "axis_names": ["a", "b"],
+                    "axis_types": ["Auto", "Auto"],
+                    "device_ids": [],
+                }
+            ),
+            "a mesh dim of at least 1",
+        ),
+        (with_argument(named_leaf([2], [1, 1])), "distinct device ids"),
+        (with_argument(named_leaf([2], [0, 1, 2])), "a device id for each mesh position"),
+        (
+            with_argument({"leaf": {"kind": "numpy", "shape": [2], "dtype": "void"}}),
+            "a dtype that JAX places",
+        ),
+        (
+            with_argument({"dict": [[{"list": [1]}, {"none": None}]]}),
+            "a hashable static value",
+        ),
+    ],
+)
+def test_a_record_that_cannot_run_is_refused_naming_the_field(tmp_path, record, words):
+    with pytest.raises(ValueError, match=words):
+        warm_start.load_record(write(tmp_path, record))
+
+
+def test_a_record_with_a_key_twice_is_refused(tmp_path):
+    text = json.dumps(a_record()).replace('"schema": ', '"schema": "x", "schema": ', 1)
+    with pytest.raises(ValueError, match="the key 'schema' twice"):
+        warm_start.load_record(write(tmp_path, text.encode()))
+
+
+@pytest.mark.timeout(30)
+def test_a_path_that_is_no_regular_file_is_refused_at_once(tmp_path):
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    for path in (pipe, tmp_path):
+        with pytest.raises(ValueError, match="not a regular file"):
+            warm_start.load_record(path)
+    with pytest.raises(ValueError, match="not a regular file"):
+        fastpjit.warm_up(pipe, {})
+
+
+def signatures_of(*calls, statics=()):
+    """A record of `f` with the signature of each call."""
+    signatures = [warm_start.describe_call(args, {}, set(statics), set()) for args in calls]
+    return a_record(functions={"f": {"unrecordable": {}, "signatures": signatures}})
+
+
+def test_signatures_past_the_limits_are_skipped_with_the_reason(tmp_path):
+    f = fastpjit.jit(lambda x: x + 1)
+    # 4 TiB of float32 zeros: within the dims a record may hold, past the default max_bytes.
+    bomb = {"leaf": {"kind": "numpy", "shape": [1 << 40], "dtype": "float32"}}
+    report = fastpjit.warm_up(write(tmp_path, with_argument(bomb)), {"f": f})
+    assert report.skipped() == {
+        f"its arguments take {4 << 40} bytes, more than max_bytes={warm_start.MAX_BYTES}": 1
+    }
+    assert f.cache_size() == 0
+    record = signatures_of(*[(np.ones((n,), np.float32),) for n in range(1, 6)])
+    path = write(tmp_path, record)
+    report = fastpjit.warm_up(path, {"f": f}, max_signatures=4, max_bytes=12)
+    assert [e.outcome for e in report.entries] == ["compiled"] * 3 + ["skipped"] * 2
+    assert report.skipped() == {
+        "its arguments take 16 bytes, more than max_bytes=12": 1,
+        "past the first max_signatures=4 of the function": 1,
+    }
+    report = fastpjit.warm_up(path, {"f": f}, max_signatures=None, max_bytes=None)
+    assert report.counts() == {"cached": 3, "compiled": 2}
+    for bad in ({"max_bytes": -1}, {"max_signatures": 1.5}, {"max_bytes": True}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            fastpjit.warm_up(path, {"f": f}, **bad)
+
+
+def test_a_signature_that_fails_at_replay_is_skipped_and_the_replay_goes_on(tmp_path):
+    def g(x, n):
+        return x * n
+
+    f = fastpjit.jit(g, static_argnums=1)
+    good = warm_start.describe_call((np.ones(2, np.float32), 2), {}, {1}, set())
+    three = warm_start.describe_call((np.ones(2, np.float32), 2, 3), {}, {1}, set())
+    # A string static in a dynamic slot, and a dynamic argument in a static one.
+    text = warm_start.describe_call(("s", 2), {}, {0, 1}, set())
+    dynamic = warm_start.describe_call((np.ones(2, np.float32), 2), {}, set(), set())
+    int4 = warm_start.describe_call((np.ones(2, np.float32), 2), {}, {1}, set())
+    int4["args"][0]["leaf"]["dtype"] = "int4"
+    other = warm_start.describe_call((np.ones(3, np.float32), 4), {}, {1}, set())
+    signatures = [good, three, text, dynamic, int4, other]
+    record = a_record(functions={"f": {"unrecordable": {}, "signatures": signatures}})
+    path = write(tmp_path, record)
+    report = fastpjit.warm_up(path, {"f": f})
+    outcomes = [(e.outcome, e.reason) for e in report.entries]
+    assert outcomes[0] == ("compiled", None) and outcomes[-1] == ("compiled", None)
+    assert outcomes[4][0] == "compiled"  # int4 zeros times 2: JAX runs it
+    assert outcomes[1][0] == "skipped" and outcomes[1][1].startswith("the replay raised TypeError")
+    assert outcomes[2:4] == [
+        ("skipped", "args[0] is recorded as static, and the function takes it as dynamic"),
+        ("skipped", "args[1] is recorded as dynamic, and the function takes it as static"),
+    ]
+
+
+INTERRUPTED = """
+import os, signal, sys, threading, time
+import numpy as np
+import fastpjit
+from fastpjit import warm_start
+import json
+
+signatures = [
+    warm_start.describe_call((np.ones((n,), np.float32),), {}, set(), set())
+    for n in range(1, 301)
+]
+record = {
+    "schema": warm_start.SCHEMA,
+    "schema_version": warm_start.SCHEMA_VERSION,
+    "versions": warm_start._versions(),
+    "functions": {"f": {"unrecordable": {}, "signatures": signatures}},
+}
+path = sys.argv[1]
+with open(path, "w") as out:
+    json.dump(record, out)
+f = fastpjit.jit(lambda x: (x * 2).sum())
+timer = threading.Timer(2.0, lambda: (print("interrupting", time.monotonic(), flush=True),
+                                      os.kill(os.getpid(), signal.SIGINT)))
+timer.start()
+try:
+    fastpjit.warm_up(path, {"f": f}, threads=4)
+except KeyboardInterrupt:
+    print("interrupted", time.monotonic(), f.cache_size(), flush=True)
+    os._exit(3)
+print("finished", f.cache_size(), flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_stops_a_warm_up_on_several_threads_within_a_second(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-c", INTERRUPTED, str(tmp_path / "r.json")],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        check=False,
+    )
+    lines = dict(line.split(" ", 1) for line in done.stdout.splitlines())
+    assert done.returncode == 3, (done.stdout, done.stderr[-2000:])
+    asked, stopped = float(lines["interrupting"]), float(lines["interrupted"].split()[0])
+    assert stopped - asked < 1.0
+    assert int(lines["interrupted"].split()[1]) < 300
+
+
+def test_an_array_s_bytes_count_on_each_of_its_devices():
+    replicated = named_leaf([2, 4], list(range(8)), shape=(8,))
+    split = named_leaf([2, 4], list(range(8)), shape=(8,))
+    split["leaf"]["sharding"]["spec"] = [["a0", "a1"]]
+    uncommitted = named_leaf([2, 4], list(range(8)), shape=(8,))
+    uncommitted["leaf"]["committed"] = False
+    signature = {"args": [replicated, {"static": 3}], "kwargs": {"b": {"tuple": [split]}}}
+    assert warm_start._signature_bytes(signature) == 32 * 8 + 4 * 8
+    assert warm_start._bytes({"list": [uncommitted, {"leaf": {"kind": "int"}}]}) == 32 + 8

@@ -19,6 +19,7 @@ import math
 import operator
 import os
 import re
+import stat
 import sys
 import threading
 import time
@@ -44,6 +45,11 @@ MAX_DEPTH = 64
 MAX_NDIM = 64
 MAX_DIM = 1 << 48
 MAX_NODES = 1 << 20
+# `warm_up`'s defaults: the most bytes of arguments that one replayed call builds (its zeros on
+# the host and its arrays on the devices), and the most signatures replayed per function
+# (`save_signatures` writes at most as many).
+MAX_BYTES = 2 << 30
+MAX_SIGNATURES = 1024
 
 
 class Unrecordable(Exception):
@@ -279,6 +285,23 @@ class SignatureLog:
         """The signature of a call of this function; raises `Unrecordable`."""
         return describe_call(args, kwargs, self._static_positions, self._static_names)
 
+    def statics_differ(self, signature: dict[str, Any]) -> str | None:
+        """Where a recorded signature's static arguments are not this function's, which one;
+        else None."""
+        n = len(signature["args"])
+        statics = {p % n for p in self._static_positions if -n <= p < n}
+        places = [(f"args[{i}]", arg, i in statics) for i, arg in enumerate(signature["args"])]
+        places += [
+            (f"kwargs[{k!r}]", arg, k in self._static_names)
+            for k, arg in signature["kwargs"].items()
+        ]
+        for where, arg, static in places:
+            recorded = arg.keys() == {"static"}
+            if recorded != static:
+                kinds = ("static", "dynamic") if recorded else ("dynamic", "static")
+                return f"{where} is recorded as {kinds[0]}, and the function takes it as {kinds[1]}"
+        return None
+
     def note(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
         try:
             signature = self.describe(args, kwargs)
@@ -450,7 +473,8 @@ class _Checker:
         else:
             self.node(arg, where, 0)
 
-    def static(self, value: Any, where: str, depth: int) -> None:
+    def static(self, value: Any, where: str, depth: int, hashable: bool = False) -> None:
+        """A static value; `hashable` where it is a dict's key, which a list cannot be."""
         self.count(where)
         if depth > MAX_DEPTH:
             self.fail(where, f"at most {MAX_DEPTH} levels of nesting", "deeper")
@@ -461,9 +485,11 @@ class _Checker:
                 self.fail(where, "a finite float", value)
             return
         if isinstance(value, dict) and value.keys() in ({"tuple"}, {"list"}):
+            if hashable and "list" in value:
+                self.fail(where, "a hashable static value (a list is not)", value)
             (items,) = value.values()
             for i, item in enumerate(self.typed(items, list, where, "a list")):
-                self.static(item, f"{where}[{i}]", depth + 1)
+                self.static(item, f"{where}[{i}]", depth + 1, hashable)
             return
         if isinstance(value, dict) and value.keys() == {"dtype", "of"}:
             if value["of"] not in ("numpy.dtype", "numpy", "jax.numpy"):
@@ -489,7 +515,7 @@ class _Checker:
             for i, item in enumerate(self.typed(value, list, where, "a list of [key, value]")):
                 if not isinstance(item, list) or len(item) != 2:
                     self.fail(f"{where}[{i}]", "a [key, value] pair", item)
-                self.static(item[0], f"{where}[{i}].key", depth + 1)
+                self.static(item[0], f"{where}[{i}].key", depth + 1, hashable=True)
                 self.node(item[1], f"{where}[{i}].value", depth + 1)
         elif tag == "namedtuple":
             self.obj(value, where, {"type", "fields", "children"})
@@ -586,6 +612,9 @@ class _Checker:
 
     def mesh(self, sharding: dict[str, Any], where: str) -> None:
         self.shape(sharding["mesh_shape"], f"{where}.mesh_shape")
+        for i, dim in enumerate(sharding["mesh_shape"]):
+            if dim < 1:  # jaxlib aborts the process on a mesh without devices
+                self.fail(f"{where}.mesh_shape[{i}]", "a mesh dim of at least 1", dim)
         names = self.typed(sharding["axis_names"], list, f"{where}.axis_names", "a list")
         types = self.typed(sharding["axis_types"], list, f"{where}.axis_types", "a list")
         if len(names) != len(sharding["mesh_shape"]) or len(types) != len(names):
@@ -606,6 +635,8 @@ class _Checker:
                 "a device id for each mesh position",
                 len(sharding["device_ids"]),
             )
+        if len(set(sharding["device_ids"])) != len(sharding["device_ids"]):
+            self.fail(f"{where}.device_ids", "distinct device ids", sharding["device_ids"])
 
 
 def _dtype(name: str, where: str) -> np.dtype:
@@ -613,33 +644,55 @@ def _dtype(name: str, where: str) -> np.dtype:
         dtype = jax.numpy.dtype(name)
     except TypeError:
         dtype = None
-    if dtype is None or dtype.name != name or dtype.kind not in "biufcV":
+    # Booleans and numbers, ml_dtypes' too (bfloat16, int4, float8s); not numpy's void.
+    if (
+        dtype is None
+        or dtype.name != name
+        or not (dtype.kind == "b" or jax.dtypes.issubdtype(dtype, np.number))
+    ):
         raise ValueError(
-            f"invalid signature record at {where}: expected a dtype name, got {name!r}"
+            f"invalid signature record at {where}: expected a dtype that JAX places, got {name!r}"
         )
     return dtype
 
 
 def load_record(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Reads and checks a record; raises ValueError naming what is wrong. Runs nothing."""
-    with open(path, "rb") as source:
-        data = source.read(MAX_RECORD_BYTES + 1)
-    if len(data) > MAX_RECORD_BYTES:
-        raise ValueError(
-            f"invalid signature record {os.fspath(path)!r}: larger than {MAX_RECORD_BYTES} bytes"
-        )
+    name = os.fspath(path)
+    # Without blocking: a named pipe opens at once (and is refused), where a plain open would
+    # wait for a writer.
+    fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK)
     try:
-        record = json.loads(data.decode("utf-8"), parse_constant=_no_constant)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"invalid signature record {name!r}: not a regular file")
+        with open(fd, "rb", closefd=False) as source:
+            data = source.read(MAX_RECORD_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) > MAX_RECORD_BYTES:
+        raise ValueError(f"invalid signature record {name!r}: larger than {MAX_RECORD_BYTES} bytes")
+    try:
+        record = json.loads(
+            data.decode("utf-8"), parse_constant=_no_constant, object_pairs_hook=_unique_keys
+        )
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
-        raise ValueError(
-            f"invalid signature record {os.fspath(path)!r}: not JSON ({error})"
-        ) from None
+        raise ValueError(f"invalid signature record {name!r}: not JSON ({error})") from None
     _Checker().record(record)
     return record
 
 
 def _no_constant(name: str) -> Any:
     raise ValueError(f"invalid signature record: {name} is not a JSON value")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object, whose keys must differ: JSON itself keeps the last of a repeated key."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        keys = [key for key, _ in pairs]
+        twice = next(key for i, key in enumerate(keys) if key in keys[:i])
+        raise ValueError(f"invalid signature record: an object has the key {twice!r} twice")
+    return out
 
 
 # -- Replaying a record ---------------------------------------------------------------------
@@ -755,6 +808,39 @@ class _Rebuilder:
         return args, kwargs
 
 
+def _leaf_bytes(leaf: dict[str, Any]) -> int:
+    """The bytes that a replay builds for a recorded leaf: an array's on each of its devices."""
+    if "dtype" not in leaf:
+        return 8  # a Python scalar
+    size = math.prod(leaf.get("shape", ())) * jax.numpy.dtype(leaf["dtype"]).itemsize
+    sharding = leaf.get("sharding")
+    if not leaf.get("committed") or sharding is None or sharding["type"] == "single":
+        return size
+    # Split over the mesh axes that the spec names, and repeated over the others.
+    axes = dict(zip(sharding["axis_names"], sharding["mesh_shape"], strict=True))
+    named = [e if isinstance(e, list) else [e] for e in sharding["spec"] if e is not None]
+    split = math.prod(axes.get(axis, 1) for entry in named for axis in entry)
+    return -(-size // split) * len(sharding["device_ids"])
+
+
+def _bytes(node: Any) -> int:
+    """The bytes of the arguments that a replay builds for a recorded argument or node."""
+    ((tag, value),) = node.items()
+    if tag == "leaf":
+        return _leaf_bytes(value)
+    if tag in ("tuple", "list"):
+        return sum(map(_bytes, value))
+    if tag == "dict":
+        return sum(_bytes(v) for _, v in value)
+    if tag == "namedtuple":
+        return sum(map(_bytes, value["children"]))
+    return 0  # none, static
+
+
+def _signature_bytes(signature: dict[str, Any]) -> int:
+    return sum(map(_bytes, signature["args"])) + sum(map(_bytes, signature["kwargs"].values()))
+
+
 @dataclasses.dataclass(frozen=True)
 class WarmUpEntry:
     """One recorded signature replayed: compiled, loaded from JAX's persistent compilation
@@ -803,13 +889,20 @@ class WarmUpReport:
 
 
 def warm_up(
-    path: str | os.PathLike[str], functions: Mapping[str, Any], *, threads: int | None = None
+    path: str | os.PathLike[str],
+    functions: Mapping[str, Any],
+    *,
+    threads: int | None = None,
+    max_bytes: int | None = MAX_BYTES,
+    max_signatures: int | None = MAX_SIGNATURES,
 ) -> WarmUpReport:
     """Compiles every signature recorded in `path` for the functions passed (a mapping from
     the names they were saved under to fastpjit functions) and caches it, so that the first
     real call of each is a cache hit. Each signature is replayed by one call on zero-filled
-    arguments; those that this process cannot rebuild are skipped with their reason. Only the
-    functions passed are called. Returns a `WarmUpReport`."""
+    arguments; those that this process cannot rebuild, whose arguments take more than
+    `max_bytes`, past the first `max_signatures` of their function, or whose replay raises are
+    skipped with their reason (None: no limit). Only the functions passed are called. Ctrl-C
+    stops it. Returns a `WarmUpReport`."""
     if not isinstance(functions, Mapping):
         raise TypeError(
             f"functions: expected a mapping from names to fastpjit functions, "
@@ -817,8 +910,13 @@ def warm_up(
         )
     for fn in functions.values():
         _log_of(fn)
-    if threads is not None and (not isinstance(threads, int) or threads < 1):
-        raise ValueError(f"threads: expected a positive int or None, got {threads!r}")
+    for name, value, least in (
+        ("threads", threads, 1),
+        ("max_bytes", max_bytes, 0),
+        ("max_signatures", max_signatures, 0),
+    ):
+        if value is not None and (type(value) is not int or value < least):
+            raise ValueError(f"{name}: expected an int of at least {least} or None, got {value!r}")
     record = load_record(path)
     start = time.perf_counter()
     mismatch = _version_mismatch(record["versions"])
@@ -834,18 +932,31 @@ def warm_up(
         began = time.perf_counter()
         if mismatch is not None:
             return WarmUpEntry(name, i, "skipped", 0.0, mismatch)
+        fn = _unbound(functions[name])
         config = signature["config"]
         try:
+            if max_signatures is not None and i >= max_signatures:
+                raise Skipped(f"past the first max_signatures={max_signatures} of the function")
+            statics = _log_of(fn).statics_differ(signature)
+            if statics is not None:
+                raise Skipped(statics)
+            size = _signature_bytes(signature)
+            if max_bytes is not None and size > max_bytes:
+                raise Skipped(f"its arguments take {size} bytes, more than max_bytes={max_bytes}")
             with contextlib.ExitStack() as scope:
                 scope.enter_context(jax.enable_x64(config["jax_enable_x64"]))
                 if config["mesh"] is not None:
                     scope.enter_context(jax.set_mesh(rebuilder.mesh(config["mesh"])))
                 args, kwargs = rebuilder.call(signature)
                 compiles, loaded = thread_compile_events()
-                jax.block_until_ready(_unbound(functions[name])(*args, **kwargs))
+                jax.block_until_ready(fn(*args, **kwargs))
                 compiles_after, loaded_after = thread_compile_events()
         except Skipped as why:
             return WarmUpEntry(name, i, "skipped", time.perf_counter() - began, str(why))
+        except Exception as error:  # noqa: BLE001 - one signature never ends the replay
+            first_line = str(error).strip().split("\n", 1)[0]
+            reason = f"the replay raised {type(error).__name__}: {first_line}"
+            return WarmUpEntry(name, i, "skipped", time.perf_counter() - began, reason)
         if loaded_after > loaded:
             outcome = "loaded"
         elif compiles_after > compiles:
@@ -877,13 +988,18 @@ def _run(replay: Callable[[Any], WarmUpEntry], tasks: list[Any], workers: int) -
                 results.append(replay(task))
                 progress(1)
             return results
-        with ThreadPoolExecutor(workers, thread_name_prefix="fastpjit-warm-up") as pool:
+        pool = ThreadPoolExecutor(workers, thread_name_prefix="fastpjit-warm-up")
+        try:
             futures = [pool.submit(replay, task) for task in tasks]
             results = []
             for future in futures:
                 results.append(future.result())
                 progress(1)
             return results
+        finally:
+            # On Ctrl-C, at once: the signatures not begun are dropped, and those compiling
+            # end on their own.
+            pool.shutdown(wait=False, cancel_futures=True)
     finally:
         progress(0, close=True)
 
