@@ -505,6 +505,89 @@ def test_fastpjit_run_reports_a_failing_script_s_error(tmp_path):
     assert "no fastpjit function was called" in done.stderr
 
 
+def run_both(tmp_path, source):
+    """The script `source`, which calls no fastpjit function, run by python and
+    by `python -m fastpjit run`: each one's exit status and stderr, without fastpjit's summary
+    (a line)."""
+    script = tmp_path / "program.py"
+    script.write_text(textwrap.dedent(source))
+    ends = []
+    for runner in ([], ["-m", "fastpjit", "run"]):
+        done = subprocess.run(
+            [sys.executable, *runner, str(script)],
+            capture_output=True,
+            text=True,
+            timeout=100,
+            check=False,
+            cwd=tmp_path,
+        )
+        summary = "fastpjit: no fastpjit function was called.\n"
+        ends.append((done.returncode, done.stderr.replace(summary, "", 1)))
+    return ends
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(
+    "source",
+    [
+        "raise KeyError('missing')\n",
+        # The program's own hook sees the program's frames only.
+        """
+        import sys, traceback
+        def hook(kind, error, tb):
+            names = [f.name for f in traceback.extract_tb(tb)]
+            print("hooked", kind.__name__, names, file=sys.stderr)
+        sys.excepthook = hook
+        def inner():
+            raise ValueError("deep")
+        inner()
+        """,
+        # An uncaught Ctrl-C: the traceback, then death by SIGINT (a shell's 130).
+        """
+        import atexit, os, signal, sys, time
+        atexit.register(lambda: print("exit handler ran", file=sys.stderr))
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(30)
+        """,
+        "import sys\nsys.exit('a message')\n",
+        "import sys\nsys.exit(7)\n",
+        "x = (\n",  # a syntax error
+    ],
+)
+def test_fastpjit_run_ends_as_python_does(tmp_path, source):
+    (theirs, ours) = run_both(tmp_path, source)
+    assert ours == theirs
+
+
+@pytest.mark.timeout(240)
+def test_fastpjit_run_of_a_missing_program_says_what_python_says(tmp_path):
+    for args in (["nothing.py"], ["-m", "no_such_module"], ["-m", "no_such.module"]):
+        ends = []
+        for runner in ([], ["-m", "fastpjit", "run"]):
+            done = subprocess.run(
+                [sys.executable, *runner, *args],
+                capture_output=True,
+                text=True,
+                timeout=100,
+                check=False,
+                cwd=tmp_path,
+            )
+            ends.append((done.returncode, done.stderr.strip()))
+        assert ends[0] == ends[1], args
+        assert ends[0][0] == (2 if args == ["nothing.py"] else 1)
+
+
+def test_fastpjit_run_s_usage_calls_the_program_s_arguments_optional():
+    done = subprocess.run(
+        [sys.executable, "-m", "fastpjit", "run", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        check=True,
+    )
+    assert "run [-h] [-m] target [args ...]" in " ".join(done.stdout.split())
+
+
 # --- New numpy arrays on every call ----------------------------------------------------------
 
 

@@ -1,15 +1,18 @@
 """`python -m fastpjit run [-m] SCRIPT [ARGS]`: runs an unmodified program with fastpjit
 installed in JAX's place (`fastpjit.install()`), as `python -m cProfile` runs one under the
 profiler, and prints, at exit, what each function's calls did: calls, cache hits, misses,
-compiles, and fallbacks with their reasons. The exit status is the program's."""
+compiles, and fallbacks with their reasons. It ends as `python SCRIPT` would: the program's
+exit status, its `sys.excepthook` shown its own frames, status 2 for a script that is not there,
+and death by SIGINT (a shell's 130) on an uncaught Ctrl-C."""
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import runpy
 import sys
-import traceback
+from types import TracebackType
 
 import fastpjit
 from fastpjit._stats import Stats
@@ -56,7 +59,52 @@ def summary(stats: Stats | None = None) -> str:
     return "\n".join(lines)
 
 
+class _Interrupted(Exception):
+    """A program that an uncaught Ctrl-C ended, whose traceback its hook has shown."""
+
+
+# The files of the frames between python and the program: this runner's and runpy's.
+_RUNNER_FILES = frozenset((__file__, runpy.run_path.__code__.co_filename))
+
+
+def _program_frames(traceback: TracebackType | None) -> TracebackType | None:
+    """`traceback` from the program's first frame, as `python SCRIPT` would show it."""
+    while traceback is not None and traceback.tb_frame.f_code.co_filename in _RUNNER_FILES:
+        traceback = traceback.tb_next
+    return traceback
+
+
+def _missing(module: bool, target: str) -> tuple[str, int] | None:
+    """What python says, and its exit status, where the program to run is not there."""
+    if module:
+        try:
+            found = importlib.util.find_spec(target)
+        except ImportError as error:
+            return (
+                f"{sys.executable}: Error while finding module specification for {target!r} "
+                f"({type(error).__name__}: {error})",
+                1,
+            )
+        return None if found is not None else (f"{sys.executable}: No module named {target}", 1)
+    if os.path.isdir(target):
+        return None
+    try:
+        open(target, "rb").close()
+    except OSError as error:
+        return (
+            f"{sys.executable}: can't open file {os.path.abspath(target)!r}: "
+            f"[Errno {error.errno}] {error.strerror}",
+            2,
+        )
+    return None
+
+
 def _run(module: bool, target: str, args: list[str]) -> int:
+    missing = _missing(module, target)
+    if missing is not None:
+        message, status = missing
+        print(message, file=sys.stderr)
+        return status
     sys.argv = [target, *args]
     if not module:
         sys.path[0] = os.path.dirname(os.path.abspath(target))
@@ -72,8 +120,12 @@ def _run(module: bool, target: str, args: list[str]) -> int:
             return code or 0
         print(code, file=sys.stderr)
         return 1
-    except BaseException:
-        traceback.print_exc()
+    except BaseException as error:
+        # Python's own hook shows the error's traceback, not the one it is given.
+        program_frames = _program_frames(error.__traceback__)
+        sys.excepthook(type(error), error.with_traceback(program_frames), program_frames)
+        if isinstance(error, KeyboardInterrupt):
+            raise _Interrupted from None
         return 1
     finally:
         sys.stdout.flush()
@@ -86,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser(
         "run",
+        usage="python -m fastpjit run [-h] [-m] target [args ...]",
         help="run a program with fastpjit installed in JAX's place, and print what "
         "its functions' calls did at exit",
     )
@@ -93,10 +146,19 @@ def main(argv: list[str] | None = None) -> int:
         "-m", dest="module", action="store_true", help="run a module by name, as python -m does"
     )
     run.add_argument("target", help="the script (or, with -m, the module) to run")
-    run.add_argument("args", nargs=argparse.REMAINDER, help="the program's arguments")
+    run.add_argument(
+        "args", nargs=argparse.REMAINDER, metavar="[args ...]", help="the program's arguments"
+    )
     options = parser.parse_args(argv)
     return _run(options.module, options.target, options.args)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        status = main()
+    except _Interrupted:
+        # As python ends on an uncaught Ctrl-C: exit handlers, then death by SIGINT. The
+        # program's hook has shown the traceback already.
+        sys.excepthook = lambda *exception: None
+        raise KeyboardInterrupt from None
+    sys.exit(status)
