@@ -577,6 +577,39 @@ def test_fastpjit_run_of_a_missing_program_says_what_python_says(tmp_path):
         assert ends[0][0] == (2 if args == ["nothing.py"] else 1)
 
 
+WORKERS = """
+import multiprocessing, sys
+
+def installed(_):
+    import jax, fastpjit
+    return jax.jit is fastpjit.jit
+
+if __name__ == "__main__":
+    for method in ("spawn", "forkserver"):
+        with multiprocessing.get_context(method).Pool(1) as pool:
+            print(method, pool.map(installed, [0])[0])
+"""
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("this_process", [False, True])
+def test_fastpjit_run_installs_in_spawned_and_forkserver_workers(tmp_path, this_process):
+    script = tmp_path / "workers.py"
+    script.write_text(WORKERS)
+    done = subprocess.run(
+        [sys.executable, "-m", "fastpjit", "run"]
+        + ["--this-process"] * this_process
+        + [str(script)],
+        capture_output=True,
+        text=True,
+        timeout=200,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    installed = not this_process
+    assert done.stdout.split() == ["spawn", str(installed), "forkserver", str(installed)]
+
+
 def test_fastpjit_run_s_usage_calls_the_program_s_arguments_optional():
     done = subprocess.run(
         [sys.executable, "-m", "fastpjit", "run", "--help"],
@@ -585,7 +618,7 @@ def test_fastpjit_run_s_usage_calls_the_program_s_arguments_optional():
         timeout=100,
         check=True,
     )
-    assert "run [-h] [-m] target [args ...]" in " ".join(done.stdout.split())
+    assert "run [-h] [--this-process] [-m] target [args ...]" in " ".join(done.stdout.split())
 
 
 # --- New numpy arrays on every call ----------------------------------------------------------

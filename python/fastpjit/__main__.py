@@ -99,7 +99,17 @@ def _missing(module: bool, target: str) -> tuple[str, int] | None:
     return None
 
 
-def _run(module: bool, target: str, args: list[str]) -> int:
+def _install_in_children() -> None:
+    """Makes the Python processes that the program starts (multiprocessing's workers with
+    every start method, other Python programs) install fastpjit too: see
+    `fastpjit/_children/sitecustomize.py`."""
+    folder = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_children")
+    path = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([folder, path] if path else [folder])
+    os.environ["FASTPJIT_INSTALL"] = "1"
+
+
+def _run(module: bool, target: str, args: list[str], children: bool = True) -> int:
     missing = _missing(module, target)
     if missing is not None:
         message, status = missing
@@ -109,6 +119,8 @@ def _run(module: bool, target: str, args: list[str]) -> int:
     if not module:
         sys.path[0] = os.path.dirname(os.path.abspath(target))
     fastpjit.install()
+    if children:
+        _install_in_children()
     try:
         if module:
             runpy.run_module(target, run_name="__main__", alter_sys=True)
@@ -138,9 +150,15 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser(
         "run",
-        usage="python -m fastpjit run [-h] [-m] target [args ...]",
+        usage="python -m fastpjit run [-h] [--this-process] [-m] target [args ...]",
         help="run a program with fastpjit installed in JAX's place, and print what "
         "its functions' calls did at exit",
+    )
+    run.add_argument(
+        "--this-process",
+        action="store_true",
+        help="install fastpjit in this process only, not in the Python processes that the "
+        "program starts (its multiprocessing workers, say)",
     )
     run.add_argument(
         "-m", dest="module", action="store_true", help="run a module by name, as python -m does"
@@ -150,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         "args", nargs=argparse.REMAINDER, metavar="[args ...]", help="the program's arguments"
     )
     options = parser.parse_args(argv)
-    return _run(options.module, options.target, options.args)
+    return _run(options.module, options.target, options.args, not options.this_process)
 
 
 if __name__ == "__main__":
