@@ -196,3 +196,47 @@ def test_a_named_tuple_state_is_described_by_field():
     f(jnp.ones(4), optax.EmptyState())
     with fastpjit.no_recompiles(), pytest.raises(fastpjit.RecompileError, match="shape differs"):
         f(jnp.ones(5), optax.EmptyState())
+
+
+class Subclass(np.ndarray):
+    """An ndarray subclass, which fastpjit hands to JAX's dispatch."""
+
+
+def nested(leaf, levels):
+    for _ in range(levels):
+        leaf = [leaf]
+    return leaf
+
+
+@pytest.mark.parametrize(
+    "argument",
+    [
+        np.ones(3, np.float32).view(Subclass),
+        nested(np.float32(1), 120),  # deeper than fastpjit's signatures go
+    ],
+    ids=["ndarray subclass", "nesting past 100 levels"],
+)
+def test_a_compile_on_jax_s_path_raises_too(argument):
+    def first_leaf_twice(x):
+        return jax.tree.leaves(x)[0] * 2
+
+    f = fastpjit.jit(first_leaf_twice)
+    before = fastpjit.stats()["recompiles_stopped"]
+    with fastpjit.no_recompiles(), pytest.raises(fastpjit.RecompileError, match="first_leaf"):
+        f(argument)
+    assert fastpjit.stats()["recompiles_stopped"] == before + 1
+    assert fastpjit.stats()["functions"][
+        "test_a_compile_on_jax_s_path_raises_too.<locals>.first_leaf_twice"
+    ]["fallbacks"]
+    # Compiled outside it, the same call is a hit of JAX's inside it.
+    expected = f(argument)
+    with fastpjit.no_recompiles():
+        np.testing.assert_array_equal(f(argument), expected)
+
+
+def test_jax_s_own_functions_and_disable_jit_compile_inside_it():
+    # Only fastpjit's functions are guarded: eager operations and jax.jit compile as they do.
+    with fastpjit.no_recompiles():
+        jax.jit(lambda x: x - 1)(jnp.arange(3.0) + 7)
+        with jax.disable_jit():
+            fastpjit.jit(lambda x: x * 3)(np.ones(2, np.float32))

@@ -260,8 +260,9 @@ class no_recompiles(contextlib.ContextDecorator):  # noqa: N801 - used like a fu
     (a miss of a jit, pjit or pmap function) raises `fastpjit.RecompileError`, whose message
     says what differs from the signatures cached. As a decorator, it guards each call of the
     function it decorates. Like `jax.transfer_guard`, it is per thread. Calls that fastpjit
-    would hand to JAX's own dispatch (a stream of new numpy arrays) stay on fastpjit's path
-    inside it, so that their misses raise too."""
+    would hand to JAX's own dispatch for speed (a stream of new numpy arrays) stay on fastpjit's
+    path inside it, so that their misses raise too; those that JAX must run raise if JAX
+    compiles for them."""
 
     def __enter__(self) -> no_recompiles:
         _core.recompile_guard(1)

@@ -33,18 +33,33 @@ _compiles_on_thread = threading.local()
 _PERSISTENT_CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
 
 
-def _count_backend_compile(event: str, duration: float, **_: Any) -> None:
+def _count_backend_compile(event: str, duration: float, **details: Any) -> None:
     # JAX times a load from its persistent compilation cache as a backend compile too; the
     # cache hit, reported just before on the same thread, says that nothing was compiled.
     global _backend_compiles
     if event != _dispatch.BACKEND_COMPILE_EVENT:
         return
+    if _native.in_guarded_jax_call():
+        _stop_compile(details.get("fun_name"))
     if getattr(_compiles_on_thread, "loaded", False):
         _compiles_on_thread.loaded = False
         _compiles_on_thread.loads = getattr(_compiles_on_thread, "loads", 0) + 1
         return
     _backend_compiles += 1
     _compiles_on_thread.count = thread_compiles() + 1
+
+
+def _stop_compile(name: Any) -> None:
+    """Inside `fastpjit.no_recompiles`, JAX compiled for a call that fastpjit handed to its
+    dispatch: raised out of JAX's compile, whose executable JAX then keeps nowhere. (fastpjit's
+    own misses raise before they trace.)"""
+    from fastpjit.errors import RecompileError
+
+    _native.count_recompile_stopped()
+    raise RecompileError(
+        f"JAX compiled {name} inside fastpjit.no_recompiles(), for a call that fastpjit "
+        "handed to JAX's dispatch (fastpjit.stats() counts it as a fallback, with its reason)"
+    )
 
 
 def _note_persistent_cache_hit(event: str, **_: Any) -> None:

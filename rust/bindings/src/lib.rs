@@ -23,8 +23,8 @@ mod _core {
     // Counters: `fastpjit.stats()`.
     #[pymodule_export]
     use crate::stats::{
-        count_compiles, count_recompile_stopped, py_count_fallback, recompile_guard, reset_stats,
-        set_timing, stats,
+        count_compiles, count_recompile_stopped, in_guarded_jax_call, py_count_fallback,
+        recompile_guard, reset_stats, set_timing, stats,
     };
 
     // Sharding index maps and HLO sharding text.

@@ -62,6 +62,32 @@ pub fn set_timing(on: bool) -> bool {
 thread_local! {
     /// How deep this thread is in `fastpjit.no_recompiles` blocks.
     static RECOMPILE_GUARD: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    /// How many calls that fastpjit handed to JAX inside such a block this thread is in.
+    static GUARDED_JAX_CALLS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Runs `call`, a call that fastpjit hands to JAX; inside `no_recompiles`, a compile in it
+/// raises (`fastpjit._jax.xla_compile` asks `in_guarded_jax_call`).
+pub fn guarding_jax_call<R>(call: impl FnOnce() -> R) -> R {
+    if !recompiles_guarded() {
+        return call();
+    }
+    struct Leave;
+    impl Drop for Leave {
+        fn drop(&mut self) {
+            GUARDED_JAX_CALLS.with(|n| n.set(n.get().saturating_sub(1)));
+        }
+    }
+    GUARDED_JAX_CALLS.with(|n| n.set(n.get() + 1));
+    let _leave = Leave;
+    call()
+}
+
+/// Whether this thread is in a call that fastpjit handed to JAX inside `no_recompiles`, where
+/// JAX's compile must raise.
+#[pyfunction]
+pub fn in_guarded_jax_call() -> bool {
+    recompiles_guarded() && GUARDED_JAX_CALLS.with(std::cell::Cell::get) > 0
 }
 
 /// Whether this thread is inside `fastpjit.no_recompiles`: its calls then stay on fastpjit's

@@ -32,7 +32,9 @@ use pyo3::PyTraverseError;
 
 use crate::errors::DispatchError;
 use crate::handles::{handles, Handles};
-use crate::stats::{mark, recompiles_guarded, Clock, Counter, FunctionStats, DELEGATED};
+use crate::stats::{
+    guarding_jax_call, mark, recompiles_guarded, Clock, Counter, FunctionStats, DELEGATED,
+};
 pub use bound::BoundFunction;
 use context::LiveContext;
 pub(crate) use context::MAX_STATES;
@@ -361,7 +363,12 @@ impl JitFunction {
     ) -> PyResult<Bound<'py, PyAny>> {
         self.count_fallback(reason);
         self.stats.count(Counter::JaxCall);
-        Self::callable(py, &self.fallback)?.call(args, kwargs)
+        let fallback = Self::callable(py, &self.fallback)?;
+        if reason == self.reasons.disabled {
+            // JAX runs it op by op, as the user asked; its compiles are not this call's.
+            return fallback.call(args, kwargs);
+        }
+        guarding_jax_call(|| fallback.call(args, kwargs))
     }
 
     /// Runs `f` on the latest call's arrays, taken out of their lock, which reading leaves
