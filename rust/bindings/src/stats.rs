@@ -69,14 +69,15 @@ thread_local! {
 /// Runs `call`, a call that fastpjit hands to JAX; inside `no_recompiles`, a compile in it
 /// raises (`fastpjit._jax.xla_compile` asks `in_guarded_jax_call`).
 pub fn guarding_jax_call<R>(call: impl FnOnce() -> R) -> R {
-    if !recompiles_guarded() {
-        return call();
-    }
+    /// Leaves the call when dropped, however it ends.
     struct Leave;
     impl Drop for Leave {
         fn drop(&mut self) {
             GUARDED_JAX_CALLS.with(|n| n.set(n.get().saturating_sub(1)));
         }
+    }
+    if !recompiles_guarded() {
+        return call();
     }
     GUARDED_JAX_CALLS.with(|n| n.set(n.get() + 1));
     let _leave = Leave;
