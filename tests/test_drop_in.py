@@ -10,6 +10,7 @@ import functools
 import subprocess
 import sys
 import textwrap
+import threading
 import types
 from typing import Any
 
@@ -796,3 +797,72 @@ def test_options_that_cannot_be_compared_get_a_cache_of_their_own():
     with pytest.raises(TypeError) as ours:
         fastpjit.jit(g)(jnp.ones(2))
     assert str(ours.value) == str(theirs.value)
+
+
+def overlapping_blocks(block, check):
+    """Two threads' `with block():`, the first closing first; `check(open_blocks)` after each
+    step, on the main thread."""
+    steps = [threading.Event() for _ in range(4)]
+    done = [threading.Event() for _ in range(4)]
+
+    def thread(enter, leave):
+        steps[enter].wait(10)
+        with block():
+            done[enter].set()
+            steps[leave].wait(10)
+        done[leave].set()
+
+    threads = [threading.Thread(target=thread, args=a) for a in ((0, 2), (1, 3))]
+    for t in threads:
+        t.start()
+    for step, open_blocks in zip(range(4), (1, 2, 1, 0), strict=True):
+        steps[step].set()
+        assert done[step].wait(10)
+        check(open_blocks)
+    for t in threads:
+        t.join(10)
+
+
+def test_install_blocks_in_threads_hold_it_until_the_last_closes():
+    def installed_while_open(open_blocks):
+        assert fastpjit.installed() == (open_blocks > 0), open_blocks
+        assert (jax.jit is fastpjit.jit) == (open_blocks > 0)
+
+    def installed(open_blocks):
+        assert fastpjit.installed() and jax.jit is fastpjit.jit
+
+    overlapping_blocks(fastpjit.install, installed_while_open)
+    assert jax.jit is JAX_JIT
+    # Installed outside the blocks: it stays after them, until uninstall().
+    fastpjit.install()
+    overlapping_blocks(fastpjit.install, installed)
+    assert jax.jit is fastpjit.jit
+    with fastpjit.install():
+        fastpjit.uninstall()  # takes back the plain install(); the block still holds it
+        assert fastpjit.installed()
+    assert not fastpjit.installed() and jax.jit is JAX_JIT
+
+
+def test_timing_blocks_in_threads_hold_it_until_the_last_closes():
+    f = fastpjit.jit(lambda x: x + 1)
+    x = jnp.ones(3)
+    f(x)
+
+    def timed_calls():
+        stats = fastpjit.stats()["functions"][
+            "test_timing_blocks_in_threads_hold_it_until_the_last_closes.<locals>.<lambda>"
+        ]
+        return (stats.get("timing") or {}).get("calls", 0)
+
+    def check(open_blocks):
+        before = timed_calls()
+        f(x)
+        assert (timed_calls() > before) == (open_blocks > 0), open_blocks
+
+    overlapping_blocks(fastpjit.timing, check)
+    fastpjit.timing(True)
+    with fastpjit.timing(False):
+        check(0)
+    check(1)  # on again, as the plain call left it
+    fastpjit.timing(False)
+    check(0)

@@ -11,9 +11,10 @@ keeps what it bound: install before importing it, or run the program with
 from __future__ import annotations
 
 import importlib
-import threading
 from types import ModuleType, TracebackType
 from typing import Any
+
+from fastpjit._switch import Switch
 
 __all__ = ["Installed", "install", "installed", "uninstall"]
 
@@ -22,19 +23,46 @@ _SITES = (("jax", "jit", "jit"), ("jax", "pmap", "pmap"), ("jax.experimental.pji
 # A name that its module serves through its `__getattr__` (a deprecated one), not its dict.
 _MISSING: Any = object()
 
-_lock = threading.Lock()
 # While installed: each site's module, name and original value.
 _originals: list[tuple[ModuleType, str, Any]] | None = None
 
 
-class Installed:
-    """What `install()` returns: as a context manager, it puts JAX's functions back on exit
-    if that `install()` was the one that substituted them."""
+def _substitute(on: bool) -> None:
+    """Puts fastpjit's functions in JAX's place (`on`), or JAX's back."""
+    global _originals
+    if on:
+        from fastpjit.jit import jit, pjit
+        from fastpjit.pmap import pmap
 
-    def __init__(self, substituted: bool):
-        self.substituted = substituted
+        ours = {"jit": jit, "pmap": pmap, "pjit": pjit}
+        originals = []
+        for module_name, name, our_name in _SITES:
+            module = importlib.import_module(module_name)
+            originals.append((module, name, vars(module).get(name, _MISSING)))
+            setattr(module, name, ours[our_name])
+        _originals = originals
+        return
+    for module, name, original in _originals or ():
+        if original is _MISSING:
+            vars(module).pop(name, None)
+        else:
+            setattr(module, name, original)
+    _originals = None
+
+
+_SWITCH = Switch(_substitute)
+
+
+class Installed:
+    """What `install()` returns: as a context manager, it keeps fastpjit installed for the
+    block. It stays installed while any such block is open, in any thread; after the last, it
+    is as plain `install()` and `uninstall()` calls left it."""
+
+    def __init__(self, installed_before: bool):
+        self._installed_before = installed_before
 
     def __enter__(self) -> Installed:
+        _SWITCH.hold(True, self._installed_before)
         return self
 
     def __exit__(
@@ -43,45 +71,22 @@ class Installed:
         error: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        if self.substituted:
-            uninstall()
+        _SWITCH.release(True)
 
 
 def install() -> Installed:
     """Substitutes fastpjit.jit, pmap and pjit for jax.jit, jax.pmap and
     jax.experimental.pjit.pjit. Installing twice changes nothing; `with fastpjit.install():`
-    uninstalls on exit."""
-    global _originals
-    from fastpjit.jit import jit, pjit
-    from fastpjit.pmap import pmap
-
-    ours = {"jit": jit, "pmap": pmap, "pjit": pjit}
-    with _lock:
-        if _originals is not None:
-            return Installed(substituted=False)
-        originals = []
-        for module_name, name, our_name in _SITES:
-            module = importlib.import_module(module_name)
-            originals.append((module, name, vars(module).get(name, _MISSING)))
-            setattr(module, name, ours[our_name])
-        _originals = originals
-    return Installed(substituted=True)
+    keeps it installed for the block only (unless installed outside it)."""
+    return Installed(_SWITCH.set(True))
 
 
 def uninstall() -> None:
-    """Puts JAX's jit, pmap and pjit back where `install()` substituted them."""
-    global _originals
-    with _lock:
-        if _originals is None:
-            return
-        for module, name, original in _originals:
-            if original is _MISSING:
-                vars(module).pop(name, None)
-            else:
-                setattr(module, name, original)
-        _originals = None
+    """Puts JAX's jit, pmap and pjit back where `install()` substituted them, once no
+    `with fastpjit.install():` block is open."""
+    _SWITCH.set(False)
 
 
 def installed() -> bool:
     """Whether fastpjit is installed in JAX's place."""
-    return _originals is not None
+    return _SWITCH.is_on()
