@@ -219,6 +219,20 @@ def test_pmap_aot_and_compile_hlo_functions_bind():
     np.testing.assert_array_equal(h(jnp.ones(4)), np.full(4, 3.0))
 
 
+def test_binding_more_arguments_than_a_compiled_function_takes_is_a_type_error():
+    x = jnp.ones(4)
+    compiled = fastpjit.jit(lambda a, b: a + b).lower(x, x).compile()
+    hlo = fastpjit.compile_hlo(
+        "HloModule m\nENTRY e { p = f32[4] parameter(0)\nROOT r = f32[4] add(p, p) }"
+    )
+    for f, takes in ((compiled, 2), (hlo, 1)):
+        with pytest.raises(TypeError, match=f"takes {takes} positional arguments, and 3 were"):
+            f.bind(x, x, x)
+    # As JAX's AOT call raises for too many arguments.
+    with pytest.raises(TypeError):
+        jax.jit(lambda a, b: a + b).lower(x, x).compile()(x, x, x)
+
+
 class Model:
     def __init__(self) -> None:
         self.apply = fastpjit.jit(decode_step).bind(host_params())

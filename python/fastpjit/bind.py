@@ -90,7 +90,12 @@ class Bindable:
             # Placed after the first call, on the input shardings that its executable takes.
             settle = _settle if any(map(_placeable, jax.tree.leaves(args))) else None
             return Bound(function, args, kwargs, _arrays(args, kwargs), settle)
-        args = tuple(_placed(arg, placement(i)) for i, arg in enumerate(args))
+        if len(args) > len(placement):
+            raise TypeError(
+                f"bind: {self!r} takes {len(placement)} positional arguments, and "
+                f"{len(args)} were bound"
+            )
+        args = tuple(_placed(arg, where) for arg, where in zip(args, placement, strict=False))
         return Bound(function, args, kwargs, _arrays(args, kwargs))
 
     def _donated_arguments(self) -> tuple[set[int], set[str]]:
@@ -100,8 +105,9 @@ class Bindable:
         return set(), set()
 
     def _bound_placement(self) -> Any:
-        """For each bound position, the sharding (tree) that its numpy arrays go on; None
-        where only a call tells (they are placed after the first call)."""
+        """For each position, the sharding (tree) that its numpy arrays go on, where the
+        function takes a fixed number of arguments; None where only a call tells (they are
+        placed after the first call)."""
         return None
 
 

@@ -39,7 +39,7 @@ class HloFunction(Bindable, _core.JitFunction):
         return {i for i, donated in enumerate(self._program.donated) if donated}, set()
 
     def _bound_placement(self) -> Any:
-        return lambda i: self._program.in_shardings[i]
+        return self._program.in_shardings
 
     @property
     def input_shardings(self) -> tuple[Any, ...]:

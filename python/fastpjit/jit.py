@@ -205,8 +205,7 @@ class Compiled(Bindable, _core.JitFunction):
         return positions, names
 
     def _bound_placement(self) -> Any:
-        shardings = self._compiled.input_shardings[0]
-        return lambda i: shardings[i]
+        return self._compiled.input_shardings[0]
 
     @classmethod
     def of(cls, compiled: Any) -> Compiled:
