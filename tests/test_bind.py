@@ -358,3 +358,31 @@ def test_the_bound_path_leaves_calls_of_other_signatures_and_contexts_to_the_dis
     same(token, cache)
     assert fastpjit.stats()["functions"]["decode_step"]["cache_misses"] == misses + 1
     same(token, cache)
+
+
+@pytest.mark.parametrize("devices", [1, 8])
+def test_bound_leaves_the_executable_does_not_use_keep_calls_on_the_bound_path(devices):
+    # JAX prunes the arguments that a program does not use: a bound numpy weight among them is
+    # never placed, and is only keyed; the calls run the executable directly.
+    def uses_one(params, x):
+        return x * params["used"]
+
+    rng = np.random.default_rng(1)
+    params = {f"w{i}": rng.standard_normal((4, 4)).astype(np.float32) for i in range(20)}
+    params["used"] = np.float32(3.0) * np.ones(4, np.float32)
+    params["unused_array"] = jnp.ones(3)
+    x = np.arange(8.0 * devices, dtype=np.float32).reshape(2 * devices, 4)
+    x = jax.device_put(x, ROW_8 if devices == 8 else None)
+    g = fastpjit.jit(uses_one).bind(params)
+    for _ in range(3):
+        assert_same_outputs(g(x), jax.jit(uses_one)(params, x))
+    name = "test_bound_leaves_the_executable_does_not_use_keep_calls_on_the_bound_path.<locals>"
+    before = fastpjit.stats()["functions"][f"{name}.uses_one"]
+    report = fastpjit.explain(g, x)
+    assert (report.outcome, report.path) == ("hit", "bound")
+    assert report.inputs["args[0]['w3']"].startswith("not an input")
+    for _ in range(5):
+        assert_same_outputs(g(x), jax.jit(uses_one)(params, x))
+    after = fastpjit.stats()["functions"][f"{name}.uses_one"]
+    assert after["cache_hits"] - before["cache_hits"] == 5
+    assert after["fallbacks"] == before["fallbacks"]

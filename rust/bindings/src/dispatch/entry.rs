@@ -355,36 +355,54 @@ impl Entry {
         self.plan.passthrough
     }
 
+    /// Which of a call's leaves the executable takes as they are, where it takes each so or
+    /// not at all (see `run_arrays`).
+    pub fn taken_as_is(&self) -> Option<Vec<bool>> {
+        self.plan.taken_as_is()
+    }
+
+    /// Whether the executable takes leaf `j` as it is.
+    fn takes_as_is(&self, j: usize) -> bool {
+        self.plan.passthrough || matches!(self.plan.inputs.get(j), Some(Input::Pass))
+    }
+
     /// Whether JAX's C++ dispatch takes this entry's calls as they come: one device, and every
     /// argument an array on the input sharding or a host value.
     pub fn delegable(&self) -> bool {
         self.plan.delegable() && self.out_local.is_none()
     }
 
-    /// Runs the executable of a passthrough entry on `args`, a call's leaves, every one an
-    /// array that the call's signature has proven to be on its input sharding.
+    /// Runs the executable of an entry that takes each leaf as it is or not at all
+    /// (`taken_as_is`) on a call's `leaves`, every one that it takes an array that the call's
+    /// signature has proven to be on its input sharding; `inputs` are those it takes, where
+    /// it does not take them all.
     pub fn run_arrays<'py>(
         &self,
         h: &Handles,
-        args: &Bound<'py, PyTuple>,
+        leaves: &Bound<'py, PyTuple>,
+        inputs: Option<&Bound<'py, PyTuple>>,
         clock: &mut Option<Clock>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let leaves = args.as_slice();
-        self.check_arrays(h, leaves)?;
+        let all = leaves.as_slice();
+        self.check_arrays(h, all)?;
         mark(clock, Stage::Inputs);
-        self.execute(h, args, leaves, clock, |_| true)
+        self.execute(h, inputs.unwrap_or(leaves), all, clock, |j| {
+            self.takes_as_is(j)
+        })
     }
 
-    /// Checks the arrays that a passthrough entry takes as they are. jaxlib crashes on a
-    /// deleted or donated input that spans devices, so those are checked before; on one device
-    /// it refuses them, and they are named after (see `execute`).
+    /// Checks the arrays that an entry takes as they are. jaxlib crashes on a deleted or
+    /// donated input that spans devices, so those are checked before; on one device it refuses
+    /// them, and they are named after (see `execute`).
     fn check_arrays(&self, h: &Handles, leaves: &[Bound<'_, PyAny>]) -> PyResult<()> {
         if !self.plan.donated.is_empty() {
             self.check_donations(leaves)?;
         }
         if self.plan.multi_device {
             for (j, leaf) in leaves.iter().enumerate() {
-                check_live(h, leaf, j)?;
+                if self.takes_as_is(j) {
+                    check_live(h, leaf, j)?;
+                }
             }
         }
         Ok(())

@@ -42,8 +42,8 @@ use entry::{Entry, Took};
 use leaf::{LiveLeaf, SeenArrays};
 pub use miss::{CacheMiss, FastPath};
 use signature::{
-    holds_array, is_key_of, is_positional_under, matches, CallSignature, LeafKey, LiveCall,
-    StaticArgs, Unkeyable,
+    holds_array, is_key_of, is_positional_under, matches, same_leaf, CallSignature, LeafKey,
+    LiveCall, StaticArgs, Unkeyable,
 };
 use tree::Tree;
 
@@ -213,17 +213,26 @@ impl JitFunction {
             return Ok(None);
         };
         let signature = &cached.signature;
-        if !entry.passes_through() {
+        let Some(taken) = entry.taken_as_is() else {
             return Ok(None);
-        }
+        };
         let Ok((tree, leaves)) = Tree::derive(py, h, all.as_slice())? else {
             return Ok(None);
         };
         if leaves.len() != signature.leaves.len() || !tree.same(py, &signature.tree)? {
             return Ok(None);
         }
-        for (leaf, key) in leaves.iter().zip(&signature.leaves) {
-            if !h.is_array(leaf) || !is_key_of(key, h, leaf)? {
+        for ((leaf, key), &taken) in leaves.iter().zip(&signature.leaves).zip(&taken) {
+            // An argument that the executable does not use (a numpy array, say) is only keyed.
+            let fits = if taken {
+                h.is_array(leaf) && is_key_of(key, h, leaf)?
+            } else {
+                match LiveLeaf::read(h, leaf)? {
+                    Some(live) => same_leaf(key, &live, leaf)?,
+                    None => false,
+                }
+            };
+            if !fits {
                 return Ok(None);
             }
         }
@@ -235,6 +244,7 @@ impl JitFunction {
             all.len() - rest,
             leaves.into_iter().map(Bound::unbind).collect(),
             rest,
+            taken,
         ))
     }
 
@@ -281,11 +291,15 @@ impl JitFunction {
         }
         self.stats.count(Counter::CacheHit);
         path.entry.mark_used();
-        let mut inputs: Vec<Bound<'py, PyAny>> = Vec::with_capacity(path.leaves.len() + rest.len());
-        inputs.extend(path.leaves.iter().map(|leaf| leaf.bind(py).clone()));
-        inputs.extend(rest.iter());
+        let mut leaves: Vec<Bound<'py, PyAny>> = Vec::with_capacity(path.leaves.len() + rest.len());
+        leaves.extend(path.leaves.iter().map(|leaf| leaf.bind(py).clone()));
+        leaves.extend(rest.iter());
+        let inputs = path
+            .inputs(&leaves)
+            .map(|inputs| PyTuple::new(py, inputs))
+            .transpose()?;
         mark(clock, Stage::Lookup);
-        let out = entry.run_arrays(h, &PyTuple::new(py, inputs)?, clock)?;
+        let out = entry.run_arrays(h, &PyTuple::new(py, leaves)?, inputs.as_ref(), clock)?;
         self.stats.record(clock.take());
         Ok(Some(out))
     }
@@ -467,7 +481,7 @@ impl JitFunction {
         }
         self.stats.count(Counter::CacheHit);
         mark(clock, Stage::Lookup);
-        let out = entry.run_arrays(h, args, clock)?;
+        let out = entry.run_arrays(h, args, None, clock)?;
         self.stats.record(clock.take());
         Ok(Some(out))
     }

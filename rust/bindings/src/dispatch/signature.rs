@@ -363,7 +363,8 @@ fn same_names(kept: &[Py<PyAny>], names: &[Bound<'_, PyString>]) -> bool {
             .all(|(a, b)| a.is(b) || a.bind(b.py()).eq(b).unwrap_or(false))
 }
 
-fn same_leaf(kept: &LeafKey, key: &LiveLeaf<'_>, leaf: &Bound<'_, PyAny>) -> PyResult<bool> {
+/// Whether `leaf`, read as `key`, has the key `kept`.
+pub fn same_leaf(kept: &LeafKey, key: &LiveLeaf<'_>, leaf: &Bound<'_, PyAny>) -> PyResult<bool> {
     Ok(match (kept, key) {
         (
             LeafKey::Array { committed, .. },

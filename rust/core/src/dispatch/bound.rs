@@ -10,19 +10,24 @@ use std::sync::atomic::{AtomicU32, Ordering};
 pub const LEARNING_CALLS: u32 = 8;
 
 /// What a bound function's calls take: the cache entry `E` of its calls' signature, and the
-/// bound arguments' leaves `L`, which are its first inputs.
+/// bound arguments' leaves `L`, the first of its leaves. The executable takes each leaf as it
+/// is or not at all (an argument it does not use).
 #[derive(Debug)]
 pub struct BoundPath<E, L> {
     pub entry: E,
     generation: u64,
     pub num_bound_args: usize,
     pub leaves: Vec<L>,
+    /// Which of the call's leaves (the bound ones, then its own) the executable takes.
+    taken: Vec<bool>,
+    takes_all: bool,
 }
 
 impl<E, L> BoundPath<E, L> {
     /// The path of a call whose signature has `num_keys` leaves, of `num_bound_args` bound
     /// arguments and then `rest` arguments of its own (one leaf each), whose flat leaves are
-    /// `leaves`; None where the leaves do not split so.
+    /// `leaves`, of which the executable takes those that `taken` marks; None where the
+    /// leaves do not split so.
     pub fn new(
         entry: E,
         generation: u64,
@@ -30,8 +35,9 @@ impl<E, L> BoundPath<E, L> {
         num_bound_args: usize,
         mut leaves: Vec<L>,
         rest: usize,
+        taken: Vec<bool>,
     ) -> Option<Self> {
-        if leaves.len() != num_keys || num_keys < rest {
+        if leaves.len() != num_keys || num_keys < rest || taken.len() != num_keys {
             return None;
         }
         leaves.truncate(num_keys - rest);
@@ -40,6 +46,21 @@ impl<E, L> BoundPath<E, L> {
             generation,
             num_bound_args,
             leaves,
+            takes_all: taken.iter().all(|&t| t),
+            taken,
+        })
+    }
+
+    /// The executable's inputs of a call whose leaves are `leaves` (the bound ones, then the
+    /// call's own): those it takes, in order; None where it takes them all.
+    pub fn inputs<T: Clone>(&self, leaves: &[T]) -> Option<Vec<T>> {
+        (!self.takes_all).then(|| {
+            leaves
+                .iter()
+                .zip(&self.taken)
+                .filter(|(_, &taken)| taken)
+                .map(|(leaf, _)| leaf.clone())
+                .collect()
         })
     }
 
@@ -82,20 +103,38 @@ mod tests {
 
     #[test]
     fn a_path_splits_bound_leaves_from_the_calls_own() {
-        let path = BoundPath::new("entry", 3, 5, 2, vec![10, 11, 12, 13, 14], 2).unwrap();
+        let leaves = vec![10, 11, 12, 13, 14];
+        let path = BoundPath::new("entry", 3, 5, 2, leaves.clone(), 2, vec![true; 5]).unwrap();
         assert_eq!(path.leaves, [10, 11, 12]);
         assert_eq!(path.own_keys(5, 2), Some(3..5));
         assert_eq!(path.own_keys(5, 1), None);
         assert_eq!(path.own_keys(2, 0), None);
         assert!(path.is_current(3) && !path.is_current(4));
+        assert_eq!(
+            path.inputs(&leaves),
+            None,
+            "all taken: the leaves as they are"
+        );
         assert!(
-            BoundPath::new((), 0, 4, 1, vec![1, 2, 3], 1).is_none(),
+            BoundPath::new((), 0, 4, 1, vec![1, 2, 3], 1, vec![true; 4]).is_none(),
             "a leaf short"
         );
         assert!(
-            BoundPath::new((), 0, 1, 1, vec![1], 2).is_none(),
+            BoundPath::new((), 0, 1, 1, vec![1], 2, vec![true]).is_none(),
             "more own than keys"
         );
+        assert!(
+            BoundPath::new((), 0, 1, 1, vec![1], 0, vec![]).is_none(),
+            "a mark short"
+        );
+    }
+
+    #[test]
+    fn leaves_the_executable_does_not_take_are_left_out_of_its_inputs() {
+        let taken = vec![true, false, true, false];
+        let path = BoundPath::new((), 0, 4, 1, vec![10, 11, 12, 13], 1, taken).unwrap();
+        assert_eq!(path.leaves, [10, 11, 12]);
+        assert_eq!(path.inputs(&[10, 11, 12, 13]), Some(vec![10, 12]));
     }
 
     #[test]

@@ -111,6 +111,23 @@ impl<C, M, H, L> InputPlan<C, M, H, L> {
             })
     }
 
+    /// Which leaves of a call the executable takes as they are, where it takes every leaf so or
+    /// not at all (an unused argument, which JAX prunes) and no constants: a bound function's
+    /// path (see `bound.rs`). None for any other plan.
+    pub fn taken_as_is(&self) -> Option<Vec<bool>> {
+        if self.num_consts != 0 {
+            return None;
+        }
+        self.inputs
+            .iter()
+            .map(|input| match input {
+                Input::Pass => Some(true),
+                Input::Dropped => Some(false),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// The leaves passed to the executable as they are, each with its place among the
     /// executable's inputs: `(input, leaf)`.
     pub fn passed_as_is(&self, num_leaves: usize) -> Vec<(usize, usize)> {
@@ -208,6 +225,17 @@ mod tests {
         assert!(!host.passthrough && host.delegable());
         assert!(plan(0, &[true], &[false], &["copy"]).delegable());
         assert!(!plan(0, &[true, true], &[false, false], &["pass", "move"]).delegable());
+    }
+
+    #[test]
+    fn a_plan_of_arrays_as_they_are_and_unused_leaves_says_which_it_takes() {
+        let pruned = plan(0, &[true, false, true], &[false; 3], &["pass"; 3]);
+        assert_eq!(pruned.taken_as_is(), Some(vec![true, false, true]));
+        let all = plan(0, &[true, true], &[false, false], &["pass", "pass"]);
+        assert_eq!(all.taken_as_is(), Some(vec![true, true]));
+        assert_eq!(plan(1, &[true], &[false], &["pass"]).taken_as_is(), None);
+        let host = plan(0, &[true, false], &[false, false], &["host", "pass"]);
+        assert_eq!(host.taken_as_is(), None);
     }
 
     #[test]
