@@ -5,7 +5,8 @@ the bound side calls `g(x)` where `g = fastpjit.jit(step).bind(params)`, JAX's s
 `jax.jit(step)(params, x)`, and the floor runs the executable raw on the flat inputs. Rows
 named "plain" time `fastpjit.jit(step)(params, x)` instead, with the same objects every call;
 rows named "numpy weights" bind host (numpy) parameters, which bind places once, while JAX's
-side passes the same numpy tree on every call. The thread rows time a burst of calls of `g(x)`
+side passes the same numpy tree on every call. Rows named "1 used" call a step that uses one
+of the parameters (JAX prunes the others from the executable). The thread rows time a burst of calls of `g(x)`
 spread over N threads (1000 calls each, each result waited for), per call: their calls/s is
 10⁶ / µs. Every row first checks that the bound call's results equal JAX's.
 """
@@ -36,6 +37,11 @@ def serve_step(params, x):
     return jnp.tanh(x) * total
 
 
+def serve_one(params, x):
+    # One parameter is an input; JAX prunes the others.
+    return jnp.tanh(x) * params["layer0000"].sum()
+
+
 def _setup(leaves: int, devices: int, numpy_weights: bool = False) -> tuple[Any, Any]:
     params = {f"layer{i:04d}": np.full((4,), i / leaves, np.float32) for i in range(leaves)}
     x = np.ones((8, 4), np.float32)
@@ -51,11 +57,17 @@ def _setup(leaves: int, devices: int, numpy_weights: bool = False) -> tuple[Any,
     return params, x
 
 
-def _bound(leaves: int, devices: int, plain: bool = False, numpy_weights: bool = False) -> Sides:
+def _bound(
+    leaves: int,
+    devices: int,
+    plain: bool = False,
+    numpy_weights: bool = False,
+    step_fn: Callable[..., Any] = serve_step,
+) -> Sides:
     params, x = _setup(leaves, devices, numpy_weights)
-    step = fastpjit.jit(fresh(serve_step))
-    theirs = jax.jit(fresh(serve_step))
-    floor = jit_floor(jax.jit(fresh(serve_step)), (params, x), {})
+    step = fastpjit.jit(fresh(step_fn))
+    theirs = jax.jit(fresh(step_fn))
+    floor = jit_floor(jax.jit(fresh(step_fn)), (params, x), {})
     if plain:
         ours: Callable[[], Any] = lambda: step(params, x)  # noqa: E731
     else:
@@ -117,6 +129,18 @@ def _build_cases() -> list[Case]:
                 devices,
             )
         )
+        for numpy_weights in (False, True):
+            cases.append(
+                _case(
+                    f"bound{' numpy weights' if numpy_weights else ''}, 200 leaves, 1 used, "
+                    f"{devices} dev",
+                    lambda d=devices, w=numpy_weights: _bound(
+                        200, d, numpy_weights=w, step_fn=serve_one
+                    ),
+                    200,
+                    devices,
+                )
+            )
     for n in (1, 2, 4, 8):
         cases.append(
             _case(
@@ -158,6 +182,13 @@ def notes(rows: list[dict[str, Any]], processes: Any) -> str:
             lines.append(
                 f"- numpy weights bound, {devices} dev: {numpy_row['ours_us']:.1f} µs "
                 f"against {device_row['ours_us']:.1f} bound as device arrays."
+            )
+        numpy_row = by_name.get(f"bound numpy weights, 200 leaves, 1 used, {devices} dev")
+        device_row = by_name.get(f"bound, 200 leaves, 1 used, {devices} dev")
+        if numpy_row and device_row:
+            lines.append(
+                f"- 200 weights, 1 used, {devices} dev: {numpy_row['ours_us']:.1f} µs bound as "
+                f"numpy against {device_row['ours_us']:.1f} bound as device arrays (issue 38)."
             )
     threads = by_name.get("bound, 10 leaves, 1 dev, 8 threads")
     if threads:
