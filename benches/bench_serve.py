@@ -6,9 +6,9 @@ the bound side calls `g(x)` where `g = fastpjit.jit(step).bind(params)`, JAX's s
 named "plain" time `fastpjit.jit(step)(params, x)` instead, with the same objects every call;
 rows named "numpy weights" bind host (numpy) parameters, which bind places once, while JAX's
 side passes the same numpy tree on every call. Rows named "1 used" call a step that uses one
-of the parameters (JAX prunes the others from the executable). The thread rows time a burst of calls of `g(x)`
-spread over N threads (1000 calls each, each result waited for), per call: their calls/s is
-10⁶ / µs. Every row first checks that the bound call's results equal JAX's.
+of the parameters (JAX prunes the others from the executable). The thread rows time a burst of
+calls of `g(x)` spread over N threads (1000 calls each, each result waited for), per call:
+their calls/s is 10⁶ / µs. Every row first checks that the bound call's results equal JAX's.
 """
 
 from __future__ import annotations
