@@ -21,6 +21,7 @@ import time
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("TQDM_DISABLE", "1")  # no progress bar in the output
 
 RECORDS = ("memory", "replicated", "count")
 
