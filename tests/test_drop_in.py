@@ -488,7 +488,51 @@ def test_fastpjit_run_installs_prints_the_summary_and_exits_with_the_script_s_st
     assert "result [5.0, 5.0, 5.0]" in done.stdout
     assert "fastpjit summary:" in done.stderr
     (line,) = [line for line in done.stderr.splitlines() if line.startswith("program_step")]
-    assert line.split() == ["program_step", "5", "4", "1", "1", "0"]
+    # calls, hits, misses, fallbacks, in traces, compiles
+    assert line.split() == ["program_step", "5", "4", "1", "0", "0", "1"]
+
+
+@pytest.mark.timeout(120)
+def test_fastpjit_run_s_summary_counts_each_call_once(tmp_path):
+    script = tmp_path / "program.py"
+    script.write_text(
+        textwrap.dedent("""
+        import jax, jax.numpy as jnp
+
+        def helper(x):
+            return x * 2
+
+        def outer(x):
+            return jax.jit(helper)(x) + 1  # inside outer's trace: staged, not run
+
+        x = jnp.ones(3)
+        for _ in range(3):
+            jax.jit(helper)(x)
+        for _ in range(3):
+            jax.jit(outer)(x)
+        with jax.disable_jit():
+            jax.jit(helper)(x)  # JAX runs it: a fallback
+    """)
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "fastpjit", "run", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    rows = {
+        line.split()[0]: [int(n) for n in line.split()[1:]]
+        for line in done.stderr.splitlines()
+        if line.split() and line.split()[0] in ("helper", "outer")
+    }
+    # calls, hits, misses, fallbacks, in traces, compiles
+    assert rows["helper"] == [5, 2, 1, 1, 1, 1]
+    assert rows["outer"] == [3, 2, 1, 0, 0, 1]
+    for calls, hits, misses, fallbacks, traced, _ in rows.values():
+        assert calls == hits + misses + fallbacks + traced
+    assert "tracer" not in done.stderr  # calls inside a trace are no fallback
 
 
 def test_fastpjit_run_reports_a_failing_script_s_error(tmp_path):

@@ -27,7 +27,8 @@ def summary(stats: Stats | None = None) -> str:
     functions = stats["functions"]
     if not functions:
         return "fastpjit: no fastpjit function was called."
-    headers = ("function", "calls", "hits", "misses", "compiles", "fallbacks")
+    # Each call is in one of hits, misses, fallbacks (JAX ran it) and in traces.
+    headers = ("function", "calls", "hits", "misses", "fallbacks", "in traces", "compiles")
     rows = [
         (
             name,
@@ -37,8 +38,9 @@ def summary(stats: Stats | None = None) -> str:
                     counts["calls"],
                     counts["cache_hits"],
                     counts["cache_misses"],
+                    counts["jax_calls"],
+                    counts["traced"],
                     counts["compiles"],
-                    sum(counts["fallbacks"].values()),
                 ),
             ),
         )

@@ -28,13 +28,20 @@ class Timing(TypedDict):
 
 
 class FunctionStats(TypedDict):
-    """The counts of one function by name (all its wrappers with one set of options)."""
+    """The counts of one function by name (all its wrappers with one set of options). Each
+    call is one of a hit, a miss, a call that JAX ran, or a call inside another function's
+    trace: `calls == cache_hits + cache_misses + jax_calls + traced`."""
 
     calls: int
     cache_hits: int
     cache_misses: int
+    # Calls that JAX ran whole (a fallback).
+    jax_calls: int
+    # Calls made inside another function's trace (jax.jit, grad, vmap), which JAX stages.
+    traced: int
     compiles: int
-    # Calls that took a slower correct path (JAX ran them), by reason.
+    # Calls, or parts of calls, that took a slower correct path, by reason: the calls that JAX
+    # ran, a miss that JAX compiled, an argument that JAX moved on a hit.
     fallbacks: dict[str, int]
     # Present once a hit was timed.
     timing: NotRequired[Timing]

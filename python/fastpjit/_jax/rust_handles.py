@@ -119,6 +119,14 @@ array_is_deleted = vars(ArrayImpl)["is_deleted"]
 # The same buffers as another global array: a pmap across processes views a host-local array
 # as this process's part of a global one, and back.
 array_rewrap = vars(ArrayImpl)["_rewrap_with_aval_and_sharding"]
+
+
+def carries_tracer(args: Any, kwargs: Any) -> bool:
+    """Whether a call's arguments hold a JAX tracer: it is made inside another function's
+    trace (`jax.jit`, `grad`, `vmap`), which stages it."""
+    return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves((args, kwargs)))
+
+
 consume_with_handlers = _jaxlib.ExecuteResults.consume_with_handlers
 # jaxlib releases some Python objects of an execution through a queue that its own C++
 # dispatch drains as it goes and JAX drains from a gc callback; `execute_sharded` leaves one

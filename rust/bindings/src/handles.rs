@@ -50,6 +50,8 @@ pub struct Handles {
     guard_allow: Py<PyAny>,
     /// `ArrayImpl._rewrap_with_aval_and_sharding`: the same buffers as another global array.
     pub rewrap: Py<PyAny>,
+    /// Whether a call's `(args, kwargs)` hold a JAX tracer: it is made inside a trace.
+    pub carries_tracer: Py<PyAny>,
     /// `builtins.sorted`, for the keys of dicts that JAX flattens in sorted order.
     pub sorted: Py<PyAny>,
 
@@ -189,6 +191,7 @@ fn fetch(py: Python<'_>) -> PyResult<Handles> {
         guard_global_state: get(jax, "transfer_guard_global_state")?,
         guard_allow: get(jax, "TRANSFER_GUARD_ALLOW")?,
         rewrap: get(jax, "array_rewrap")?,
+        carries_tracer: get(jax, "carries_tracer")?,
         sorted: get(&py.import("builtins")?, "sorted")?,
         batched_device_put: get(jax, "batched_device_put")?,
         zero_copy: get(jax, "HOST_BUFFER_ZERO_COPY")?,

@@ -126,6 +126,9 @@ pub enum Counter {
     /// A call that JAX ran whole (a tracer, `disable_jit`, effects), counted besides its
     /// fallback's reason.
     JaxCall,
+    /// A call made inside another function's trace (its arguments hold tracers), which JAX
+    /// stages: counted apart from fallbacks.
+    Traced,
     /// A call handed to jax.jit's C++ dispatch, which places its new numpy arrays (or copies
     /// its new arrays from other devices) faster: a fallback of reason `DELEGATED`, counted
     /// without a lock.
@@ -143,6 +146,7 @@ pub struct FunctionStats {
     misses: AtomicU64,
     compiles: AtomicU64,
     jax_calls: AtomicU64,
+    traced: AtomicU64,
     delegated: AtomicU64,
     fallbacks: Mutex<BTreeMap<String, u64>>,
     /// The stage times of the latest timed hits.
@@ -156,6 +160,7 @@ impl FunctionStats {
             misses: AtomicU64::new(0),
             compiles: AtomicU64::new(0),
             jax_calls: AtomicU64::new(0),
+            traced: AtomicU64::new(0),
             delegated: AtomicU64::new(0),
             fallbacks: Mutex::new(BTreeMap::new()),
             latencies: Mutex::new(Latencies::new()),
@@ -192,6 +197,7 @@ impl FunctionStats {
             Counter::CacheMiss => (&self.misses, 1),
             Counter::Compile(n) => (&self.compiles, n),
             Counter::JaxCall => (&self.jax_calls, 1),
+            Counter::Traced => (&self.traced, 1),
             Counter::Delegated => (&self.delegated, 1),
         };
         cell.fetch_add(n, Ordering::Relaxed);
@@ -207,13 +213,19 @@ impl FunctionStats {
         }
     }
 
-    /// Hits, misses, compiles, and calls that JAX ran (delegated ones included).
-    fn load(&self) -> [u64; 4] {
+    /// Hits, misses, compiles, calls that JAX ran (delegated ones included), and calls made
+    /// inside another function's trace.
+    fn load(&self) -> [u64; 5] {
         let delegated = self.delegated.load(Ordering::Relaxed);
-        let [hits, misses, compiles, jax_calls] =
-            [&self.hits, &self.misses, &self.compiles, &self.jax_calls]
-                .map(|cell| cell.load(Ordering::Relaxed));
-        [hits, misses, compiles, jax_calls + delegated]
+        let [hits, misses, compiles, jax_calls, traced] = [
+            &self.hits,
+            &self.misses,
+            &self.compiles,
+            &self.jax_calls,
+            &self.traced,
+        ]
+        .map(|cell| cell.load(Ordering::Relaxed));
+        [hits, misses, compiles, jax_calls + delegated, traced]
     }
 
     /// The fallbacks by reason.
@@ -232,6 +244,7 @@ impl FunctionStats {
             &self.misses,
             &self.compiles,
             &self.jax_calls,
+            &self.traced,
             &self.delegated,
         ] {
             cell.store(0, Ordering::Relaxed);
@@ -241,7 +254,7 @@ impl FunctionStats {
     }
 
     fn is_empty(&self) -> bool {
-        self.load() == [0; 4] && lock(&self.fallbacks).is_empty()
+        self.load() == [0; 5] && lock(&self.fallbacks).is_empty()
     }
 }
 
@@ -266,8 +279,11 @@ pub fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
         if stats.is_empty() {
             continue;
         }
-        let [hits, misses, compiles, jax_calls] = stats.load();
-        for (total, n) in totals.iter_mut().zip([hits, misses, compiles, jax_calls]) {
+        let [hits, misses, compiles, jax_calls, traced] = stats.load();
+        for (total, n) in totals
+            .iter_mut()
+            .zip([hits, misses, compiles, jax_calls, traced])
+        {
             *total += n;
         }
         let own = stats.fallbacks();
@@ -275,9 +291,12 @@ pub fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
             *fallbacks.entry(reason.clone()).or_default() += n;
         }
         let entry = PyDict::new(py);
-        entry.set_item("calls", hits + misses + jax_calls)?;
+        // Each call is one of a hit, a miss, a call that JAX ran, or one inside a trace.
+        entry.set_item("calls", hits + misses + jax_calls + traced)?;
         entry.set_item("cache_hits", hits)?;
         entry.set_item("cache_misses", misses)?;
+        entry.set_item("jax_calls", jax_calls)?;
+        entry.set_item("traced", traced)?;
         entry.set_item("compiles", compiles)?;
         entry.set_item("fallbacks", own.into_pyobject(py)?)?;
         if let Some(timing) = latency_report(py, &lock(&stats.latencies))? {

@@ -367,7 +367,8 @@ impl JitFunction {
         })
     }
 
-    /// Hands the call to JAX, counting why.
+    /// Hands the call to JAX, counting why; a call made inside another function's trace (whose
+    /// arguments hold tracers) is counted as such, not as a fallback.
     fn to_jax<'py>(
         &self,
         py: Python<'py>,
@@ -375,8 +376,18 @@ impl JitFunction {
         args: &Bound<'py, PyTuple>,
         kwargs: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        self.count_fallback(reason);
-        self.stats.count(Counter::JaxCall);
+        let traced = reason == self.reasons.unkeyable
+            && handles(py)?
+                .carries_tracer
+                .bind(py)
+                .call1((args, kwargs))?
+                .is_truthy()?;
+        if traced {
+            self.stats.count(Counter::Traced);
+        } else {
+            self.count_fallback(reason);
+            self.stats.count(Counter::JaxCall);
+        }
         let fallback = Self::callable(py, &self.fallback)?;
         if reason == self.reasons.disabled {
             // JAX runs it op by op, as the user asked; its compiles are not this call's.
