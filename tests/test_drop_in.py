@@ -455,11 +455,24 @@ def test_an_equivalent_sharding_over_a_1d_mesh_passes_as_it_is():
 # --- python -m fastpjit run ------------------------------------------------------------------
 
 
+def run_program(tmp_path, source, *args):
+    """`python -m fastpjit run` of the script `source` with `args`, finished."""
+    script = tmp_path / "program.py"
+    script.write_text(textwrap.dedent(source))
+    return subprocess.run(
+        [sys.executable, "-m", "fastpjit", "run", str(script), *args],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        check=False,
+    )
+
+
 @pytest.mark.timeout(120)
 def test_fastpjit_run_installs_prints_the_summary_and_exits_with_the_script_s_status(tmp_path):
-    script = tmp_path / "program.py"
-    script.write_text(
-        textwrap.dedent("""
+    done = run_program(
+        tmp_path,
+        """
         import sys
         import jax, jax.numpy as jnp
         import fastpjit
@@ -475,14 +488,9 @@ def test_fastpjit_run_installs_prints_the_summary_and_exits_with_the_script_s_st
             x = step(x)
         print("result", list(map(float, x)))
         sys.exit(3)
-    """)
-    )
-    done = subprocess.run(
-        [sys.executable, "-m", "fastpjit", "run", str(script), "--flag", "value"],
-        capture_output=True,
-        text=True,
-        timeout=100,
-        check=False,
+    """,
+        "--flag",
+        "value",
     )
     assert done.returncode == 3, done.stderr
     assert "result [5.0, 5.0, 5.0]" in done.stdout
@@ -494,9 +502,9 @@ def test_fastpjit_run_installs_prints_the_summary_and_exits_with_the_script_s_st
 
 @pytest.mark.timeout(120)
 def test_fastpjit_run_s_summary_counts_each_call_once(tmp_path):
-    script = tmp_path / "program.py"
-    script.write_text(
-        textwrap.dedent("""
+    done = run_program(
+        tmp_path,
+        """
         import jax, jax.numpy as jnp
 
         def helper(x):
@@ -512,14 +520,7 @@ def test_fastpjit_run_s_summary_counts_each_call_once(tmp_path):
             jax.jit(outer)(x)
         with jax.disable_jit():
             jax.jit(helper)(x)  # JAX runs it: a fallback
-    """)
-    )
-    done = subprocess.run(
-        [sys.executable, "-m", "fastpjit", "run", str(script)],
-        capture_output=True,
-        text=True,
-        timeout=100,
-        check=False,
+    """,
     )
     assert done.returncode == 0, done.stderr
     rows = {
