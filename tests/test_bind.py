@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+from rows import row
 from test_jit import assert_same_outputs
 
 import fastpjit
@@ -117,14 +118,14 @@ def test_a_donated_per_call_argument_over_a_50_step_loop(devices):
 
 def test_new_per_call_shapes_recompile_and_are_counted():
     g = fastpjit.jit(decode_step).bind(host_params(features=5))
-    stats = fastpjit.stats()["functions"].get("decode_step", {})
-    misses, compiles = stats.get("cache_misses", 0), stats.get("compiles", 0)
+    stats = row(decode_step)
+    misses, compiles = stats["cache_misses"], stats["compiles"]
     for rows in (2, 3, 2, 4):
         x = jnp.ones((rows, 5))
         assert_same_outputs(
             g(x, jnp.zeros(())), jax.jit(decode_step)(host_params(features=5), x, jnp.zeros(()))
         )
-    stats = fastpjit.stats()["functions"]["decode_step"]
+    stats = row(decode_step)
     # The first call places the bound numpy weights: its signature is the only other miss,
     # and it compiles nothing.
     assert stats["cache_misses"] - misses == 4
@@ -320,11 +321,10 @@ def test_bound_numpy_weights_go_on_the_shardings_that_the_executable_takes():
     expected = jax.jit(decode_step)(params, token, cache)
     assert_same_outputs(g(token, cache), expected)
     assert g._args[0]["w"].sharding.num_devices == 8
-    name = "decode_step"
-    before = fastpjit.stats()["functions"][name]
+    before = row(decode_step)
     for _ in range(3):
         assert_same_outputs(g(token, cache), expected)
-    after = fastpjit.stats()["functions"][name]
+    after = row(decode_step)
     assert after["fallbacks"] == before["fallbacks"]  # nothing moved by JAX
     assert after["cache_hits"] - before["cache_hits"] >= 2
 
@@ -341,11 +341,11 @@ def test_the_bound_path_leaves_calls_of_other_signatures_and_contexts_to_the_dis
     def same(*args: Any, **kwargs: Any) -> None:
         assert_same_outputs(g(*args, **kwargs), jax.jit(decode_step)(params, *args, **kwargs))
 
-    stats = fastpjit.stats()["functions"]["decode_step"]
+    stats = row(decode_step)
     hits = stats["cache_hits"]
     for _ in range(4):
         same(token, cache)
-    assert fastpjit.stats()["functions"]["decode_step"]["cache_hits"] - hits >= 3
+    assert row(decode_step)["cache_hits"] - hits >= 3
     same(jnp.ones((3, 4)), cache)  # another shape
     same(jax.device_put(token, jax.devices()[0]), cache)  # committed
     same(jax.device_put(token, ROW_8), jax.device_put(cache, REPLICATED_8))  # 8 devices
@@ -354,9 +354,9 @@ def test_the_bound_path_leaves_calls_of_other_signatures_and_contexts_to_the_dis
     with jax.enable_x64(True):
         same(token, cache)
     f.clear_cache()
-    misses = fastpjit.stats()["functions"]["decode_step"]["cache_misses"]
+    misses = row(decode_step)["cache_misses"]
     same(token, cache)
-    assert fastpjit.stats()["functions"]["decode_step"]["cache_misses"] == misses + 1
+    assert row(decode_step)["cache_misses"] == misses + 1
     same(token, cache)
 
 
@@ -376,13 +376,12 @@ def test_bound_leaves_the_executable_does_not_use_keep_calls_on_the_bound_path(d
     g = fastpjit.jit(uses_one).bind(params)
     for _ in range(3):
         assert_same_outputs(g(x), jax.jit(uses_one)(params, x))
-    name = "test_bound_leaves_the_executable_does_not_use_keep_calls_on_the_bound_path.<locals>"
-    before = fastpjit.stats()["functions"][f"{name}.uses_one"]
+    before = row(uses_one)
     report = fastpjit.explain(g, x)
     assert (report.outcome, report.path) == ("hit", "bound")
     assert report.inputs["args[0]['w3']"].startswith("not an input")
     for _ in range(5):
         assert_same_outputs(g(x), jax.jit(uses_one)(params, x))
-    after = fastpjit.stats()["functions"][f"{name}.uses_one"]
+    after = row(uses_one)
     assert after["cache_hits"] - before["cache_hits"] == 5
     assert after["fallbacks"] == before["fallbacks"]

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+from rows import row
 
 import fastpjit
 from fastpjit._jax.api import jax_jit, jax_pmap
@@ -495,16 +496,14 @@ def test_fastpjit_run_installs_prints_the_summary_and_exits_with_the_script_s_st
     assert done.returncode == 3, done.stderr
     assert "result [5.0, 5.0, 5.0]" in done.stdout
     assert "fastpjit summary:" in done.stderr
-    (line,) = [line for line in done.stderr.splitlines() if line.startswith("program_step")]
+    (line,) = [line for line in done.stderr.splitlines() if "program_step" in line]
     # calls, hits, misses, fallbacks, in traces, compiles
-    assert line.split() == ["program_step", "5", "4", "1", "0", "0", "1"]
+    assert line.split() == ["__main__.program_step", "5", "4", "1", "0", "0", "1"]
 
 
 @pytest.mark.timeout(120)
-def test_fastpjit_run_s_summary_counts_each_call_once(tmp_path):
-    done = run_program(
-        tmp_path,
-        """
+def test_fastpjit_run_s_summary_counts_each_call_once_in_a_row_of_its_own(tmp_path):
+    source = """
         import jax, jax.numpy as jnp
 
         def helper(x):
@@ -520,22 +519,35 @@ def test_fastpjit_run_s_summary_counts_each_call_once(tmp_path):
             jax.jit(outer)(x)
         with jax.disable_jit():
             jax.jit(helper)(x)  # JAX runs it: a fallback
-    """,
-    )
+        double = jax.jit(lambda x: x * 2)
+        triple = jax.jit(lambda x: x * 3)
+        double(x), triple(x), triple(x)
+    """
+    done = run_program(tmp_path, source)
     assert done.returncode == 0, done.stderr
+    lines = textwrap.dedent(source).splitlines()
+    double, triple = (
+        1 + lines.index(f"{f} = jax.jit(lambda x: x * {n})")
+        for f, n in (("double", 2), ("triple", 3))
+    )
     rows = {
         line.split()[0]: [int(n) for n in line.split()[1:]]
         for line in done.stderr.splitlines()
-        if line.split() and line.split()[0] in ("helper", "outer")
+        if line.startswith("__main__.")
     }
     # calls, hits, misses, fallbacks, in traces, compiles
-    assert rows["helper"] == [5, 2, 1, 1, 1, 1]
-    assert rows["outer"] == [3, 2, 1, 0, 0, 1]
+    assert rows == {
+        "__main__.helper": [5, 2, 1, 1, 1, 1],
+        "__main__.outer": [3, 2, 1, 0, 0, 1],
+        f"__main__.<lambda>:{double}": [1, 0, 1, 0, 0, 1],
+        f"__main__.<lambda>:{triple}": [2, 1, 1, 0, 0, 1],
+    }, done.stderr
     for calls, hits, misses, fallbacks, traced, _ in rows.values():
         assert calls == hits + misses + fallbacks + traced
     assert "tracer" not in done.stderr  # calls inside a trace are no fallback
 
 
+@pytest.mark.timeout(120)
 def test_fastpjit_run_reports_a_failing_script_s_error(tmp_path):
     script = tmp_path / "failing.py"
     script.write_text("raise KeyError('missing')\n")
@@ -713,9 +725,7 @@ def test_new_numpy_batches_go_to_jax_s_dispatch_counted_and_come_back():
     packed = fastpjit.jit(lambda w, batch: numpy_step(w, batch["x"], batch["y"]))
     for i in range(10):
         packed(w, {"x": batches[i % 8][0], "y": batches[i % 8][1]})
-    assert fastpjit.stats()["functions"][
-        "test_new_numpy_batches_go_to_jax_s_dispatch_counted_and_come_back.<locals>.<lambda>"
-    ]["fallbacks"] == {DELEGATED: 8}
+    assert row(packed.__wrapped__)["fallbacks"] == {DELEGATED: 8}
 
 
 def test_new_arrays_on_another_device_go_to_jax_s_dispatch():
@@ -894,9 +904,7 @@ def test_timing_blocks_in_threads_hold_it_until_the_last_closes():
     f(x)
 
     def timed_calls():
-        stats = fastpjit.stats()["functions"][
-            "test_timing_blocks_in_threads_hold_it_until_the_last_closes.<locals>.<lambda>"
-        ]
+        stats = row(f.__wrapped__)
         return (stats.get("timing") or {}).get("calls", 0)
 
     def check(open_blocks):

@@ -32,6 +32,7 @@ from jax.errors import JaxRuntimeError
 from jax.sharding import AxisType, NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
 from lines import DONATED_AGAIN, ON_0_10, without_source_location
+from rows import row
 
 import fastpjit
 from fastpjit._jax.jit_miss import jit_cache_miss
@@ -1424,7 +1425,7 @@ def test_each_traced_call_counts_once_apart_from_fallbacks():
     assert traced() - before == 1
     jax.vmap(ours)(jnp.ones((2, 3)))
     assert traced() - before == 2
-    counts = fastpjit.stats()["functions"]["sine_sum"]
+    counts = row(sine_sum)
     assert counts["calls"] == sum(
         counts[k] for k in ("cache_hits", "cache_misses", "jax_calls", "traced")
     )

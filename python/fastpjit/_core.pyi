@@ -109,6 +109,7 @@ class DispatchCache:
         kind: str = "jit",
         capacity: int = 4096,
         context: bool = True,
+        place: str = "",
     ) -> Self: ...
     def _clear(self) -> None: ...
 

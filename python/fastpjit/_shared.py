@@ -4,16 +4,44 @@ that the earlier wrappers compiled."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import inspect
 import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any, NamedTuple
 
+from fastpjit import _core
 from fastpjit._jax import api as _jax
 from fastpjit.warm_start import SignatureLog
 
-__all__ = ["FunctionCaches", "SharedCaches"]
+__all__ = ["FunctionCaches", "SharedCaches", "dispatch_cache", "stats_row"]
+
+
+def stats_row(fun: Any) -> tuple[str, str]:
+    """How `fastpjit.stats()` tells `fun` apart: by `module.qualname`, and by where its code
+    starts (`file:line`, empty for a callable with no Python code), which keeps apart the
+    functions of one name (two lambdas)."""
+    inner = fun
+    while isinstance(inner, functools.partial):
+        inner = inner.func
+    with contextlib.suppress(ValueError):  # a cycle of __wrapped__
+        inner = inspect.unwrap(inner)
+    qualname = getattr(inner, "__qualname__", None) or type(inner).__qualname__
+    module = getattr(inner, "__module__", None)
+    code = getattr(inner, "__code__", None) or getattr(type(inner).__call__, "__code__", None)
+    place = f"{code.co_filename}:{code.co_firstlineno}" if code is not None else ""
+    return (f"{module}.{qualname}" if isinstance(module, str) else str(qualname)), place
+
+
+def dispatch_cache(fun: Any, static_argnums: Any, static_argnames: Any, kind: str) -> Any:
+    """A new dispatch cache of `fun`'s, whose counts are `fun`'s row in `fastpjit.stats()`."""
+    name, place = stats_row(fun)
+    return _core.DispatchCache(
+        name, list(static_argnums), list(static_argnames), kind=kind, place=place
+    )
 
 
 class FunctionCaches(NamedTuple):

@@ -28,7 +28,8 @@ class Timing(TypedDict):
 
 
 class FunctionStats(TypedDict):
-    """The counts of one function by name (all its wrappers with one set of options). Each
+    """The counts of one function (all its wrappers with one set of options), under its
+    `module.qualname`, with `:line` where functions share that (docs/dispatch.md). Each
     call is one of a hit, a miss, a call that JAX ran, or a call inside another function's
     trace: `calls == cache_hits + cache_misses + jax_calls + traced`."""
 

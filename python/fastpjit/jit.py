@@ -21,7 +21,7 @@ import jax
 from fastpjit import _core
 from fastpjit._jax import api as _jax
 from fastpjit._jax.jit_miss import aot_cache_miss, compile_lowered, jit_cache_miss
-from fastpjit._shared import FunctionCaches, SharedCaches
+from fastpjit._shared import FunctionCaches, SharedCaches, dispatch_cache
 from fastpjit.bind import Bindable
 from fastpjit.explain import check_recompile
 from fastpjit.warm_start import SignatureLog
@@ -113,7 +113,7 @@ class JitWrapped(Wrapped):
     @_jax.api_boundary
     def lower(self, *args: Any, **kwargs: Any) -> Lowered:
         """Lowers for these arguments, as `jax.jit(fun).lower` does."""
-        return Lowered(self._active.lower(*args, **kwargs))
+        return Lowered(self._active.lower(*args, **kwargs), self.__wrapped__)
 
     @_jax.api_boundary
     def trace(self, *args: Any, **kwargs: Any) -> Any:
@@ -165,8 +165,8 @@ class JitWrapped(Wrapped):
 class Lowered:
     """`jax.stages.Lowered`, whose `compile()` gives a function that fastpjit dispatches."""
 
-    def __init__(self, lowered: Any):
-        self._lowered = lowered
+    def __init__(self, lowered: Any, fun: Any):
+        self._lowered, self._fun = lowered, fun
 
     @_jax.api_boundary
     def compile(self, *args: Any, **kwargs: Any) -> Compiled:
@@ -174,7 +174,7 @@ class Lowered:
         assignment given, fastpjit compiles, as for a call."""
         if not args and not kwargs:
             compile_lowered(self._lowered)
-        return Compiled.of(self._lowered.compile(*args, **kwargs))
+        return Compiled.of(self._lowered.compile(*args, **kwargs), self._fun)
 
     def __getattr__(self, name: str) -> Any:
         # as_text, compiler_ir, cost_analysis, in_tree, args_info, ... are JAX's. (copy.copy
@@ -188,6 +188,7 @@ class Compiled(Bindable, _core.JitFunction):
     """`jax.stages.Compiled` with its calls dispatched by fastpjit."""
 
     _compiled: Any
+    _fun: Any
     _signature_log: SignatureLog
 
     def _donated_arguments(self) -> tuple[set[int], set[str]]:
@@ -208,18 +209,20 @@ class Compiled(Bindable, _core.JitFunction):
         return self._compiled.input_shardings[0]
 
     @classmethod
-    def of(cls, compiled: Any) -> Compiled:
+    def of(cls, compiled: Any, fun: Any = None) -> Compiled:
+        """`compiled` (JAX's) of the function `fun` (or of no function known), as fastpjit
+        calls it."""
         log = SignatureLog()
         miss = _jax.api_boundary(log.noting(functools.partial(aot_cache_miss, compiled)))
-        cache = _core.DispatchCache(_jax.function_name(compiled), [], [], kind="compiled")
+        cache = dispatch_cache(compiled if fun is None else fun, [], [], kind="compiled")
         wrapped = cls(compiled, miss, cache)
-        wrapped._compiled = compiled
+        wrapped._compiled, wrapped._fun = compiled, fun
         wrapped._signature_log = log
         return wrapped
 
     def __copy__(self) -> Compiled:
         # As JAX's Compiled: a copy runs the same executable. (Like JAX's, it does not pickle.)
-        return Compiled.of(self._compiled)
+        return Compiled.of(self._compiled, self._fun)
 
     def __getattr__(self, name: str) -> Any:
         # as_text, cost_analysis, input_shardings, output_shardings, ... are JAX's.
@@ -339,9 +342,7 @@ def _wrap(
         made.append(jitted)
         argnums, argnames = _jax.jit_static_args(jitted)
         return FunctionCaches(
-            _core.DispatchCache(
-                _jax.function_name(fun), list(argnums), list(argnames), kind=_KINDS[kind]
-            ),
+            dispatch_cache(fun, argnums, argnames, kind=_KINDS[kind]),
             SignatureLog((argnums, argnames)),
         )
 

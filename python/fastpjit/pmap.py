@@ -12,10 +12,9 @@ import operator
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from fastpjit import _core
 from fastpjit._jax import api as _jax
 from fastpjit._jax.jit_miss import pmap_cache_miss
-from fastpjit._shared import FunctionCaches, SharedCaches
+from fastpjit._shared import FunctionCaches, SharedCaches, dispatch_cache
 from fastpjit.explain import check_recompile
 from fastpjit.jit import Wrapped
 from fastpjit.warm_start import SignatureLog
@@ -97,7 +96,7 @@ def pmap(
 
     def new_caches() -> FunctionCaches:
         return FunctionCaches(
-            _core.DispatchCache(_jax.function_name(fun), statics, [], kind="pmap"),
+            dispatch_cache(fun, statics, [], kind="pmap"),
             SignatureLog((statics, ())),
         )
 

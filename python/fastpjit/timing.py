@@ -18,7 +18,8 @@ class timing:  # noqa: N801 - used like a function
         fastpjit.timing(True)            # on from here
         with fastpjit.timing():          # on inside the block
             serve()
-        fastpjit.stats()["functions"]["step"]["timing"]   # {"calls", "total", "lookup", ...}
+        # {"calls", "total", "lookup", "inputs", "execute", "outputs"}:
+        fastpjit.stats()["functions"]["__main__.step"]["timing"]
     """
 
     def __init__(self, on: bool = True) -> None:

@@ -17,6 +17,7 @@ pub mod kept_values;
 pub mod mesh;
 pub mod module_precheck;
 pub mod process_local;
+pub mod stats;
 pub mod strided;
 pub mod tile;
 pub mod timing;

@@ -33,7 +33,8 @@ use pyo3::PyTraverseError;
 use crate::errors::DispatchError;
 use crate::handles::{handles, Handles};
 use crate::stats::{
-    guarding_jax_call, mark, recompiles_guarded, Clock, Counter, FunctionStats, DELEGATED,
+    function_stats, guarding_jax_call, mark, record, recompiles_guarded, Clock, Counter, FunctionStats,
+    DELEGATED,
 };
 pub use bound::BoundFunction;
 use context::LiveContext;
@@ -300,7 +301,7 @@ impl JitFunction {
             .transpose()?;
         mark(clock, Stage::Lookup);
         let out = entry.run_arrays(h, &PyTuple::new(py, leaves)?, inputs.as_ref(), clock)?;
-        self.stats.record(clock.take());
+        record(&self.stats, clock.take());
         Ok(Some(out))
     }
 
@@ -493,7 +494,7 @@ impl JitFunction {
         self.stats.count(Counter::CacheHit);
         mark(clock, Stage::Lookup);
         let out = entry.run_arrays(h, args, None, clock)?;
-        self.stats.record(clock.take());
+        record(&self.stats, clock.take());
         Ok(Some(out))
     }
 
@@ -585,10 +586,11 @@ impl DispatchCache {
 
 #[pymethods]
 impl DispatchCache {
-    /// An empty cache for the functions named `name` (in `fastpjit.stats()`), whose static
-    /// arguments are these, of `kind` (`"jit"`, `"pmap"`, ...).
+    /// An empty cache for the function named `name` (`module.qualname`) in `fastpjit.stats()`,
+    /// defined at `place` (`file:line`, or empty), whose static arguments are these, of `kind`
+    /// (`"jit"`, `"pmap"`, ...).
     #[new]
-    #[pyo3(signature = (name, static_argnums, static_argnames, kind = "jit", capacity = 4096, context = true))]
+    #[pyo3(signature = (name, static_argnums, static_argnames, kind = "jit", capacity = 4096, context = true, place = ""))]
     fn new(
         name: &str,
         static_argnums: Vec<isize>,
@@ -596,6 +598,7 @@ impl DispatchCache {
         kind: &str,
         capacity: usize,
         context: bool,
+        place: &str,
     ) -> Self {
         Self {
             statics: StaticArgs {
@@ -603,7 +606,7 @@ impl DispatchCache {
                 argnames: static_argnames,
             },
             reasons: Reasons::of(kind),
-            stats: FunctionStats::named(name),
+            stats: function_stats(name, place),
             cache: EntryCache::new(capacity),
             trees: Mutex::new(BoundedMap::new(TREES)),
             seen: Mutex::new(SeenArrays::default()),
@@ -756,7 +759,7 @@ impl JitFunction {
                         }
                         out => out?,
                     };
-                    this.stats.record(took.clock.take());
+                    record(&this.stats, took.clock.take());
                     if took.moved {
                         this.count_fallback(&this.reasons.moved);
                     }
