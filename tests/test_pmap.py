@@ -15,8 +15,10 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from lines import DONATED_AGAIN, by_line, without_source_location
+from rows import row
 
 import fastpjit
+from fastpjit._jax.xla_compile import backend_compiles
 
 DEVICES = jax.devices()
 MOVED = "pmap: an argument moved to the executable's sharding by JAX"
@@ -387,6 +389,25 @@ def test_static_broadcasted_recompiles_per_value():
     assert_same(ours(x, 3, op), theirs(x, 3, op))
     assert fastpjit.stats()["cache_hits"] == hits + 2
     assert (ours.cache_size(), fastpjit.stats()["compiles"]) == (3, compiles + 3)
+
+
+def test_compiles_count_what_jax_compiles_for_the_call_moves_included():
+    # Given an array that lives on one device, jax.pmap compiles its program and the one it
+    # slices the array across the devices with: a function's compiles count both, as JAX's.
+    def triple(x):
+        return x * 3
+
+    def compiles_of(pmap, x):
+        before = backend_compiles()
+        for _ in range(3):
+            pmap(x).block_until_ready()
+        return backend_compiles() - before
+
+    # Shapes of their own, so that neither finds the other's slicing program compiled.
+    ours = compiles_of(fastpjit.pmap(triple), jnp.ones((8, 5, 7)))
+    assert ours == compiles_of(jax.pmap(triple), jnp.ones((8, 5, 9))) == 2
+    counts = row(triple)
+    assert (counts["cache_misses"], counts["cache_hits"], counts["compiles"]) == (1, 2, 2)
 
 
 class Config(typing.NamedTuple):
