@@ -234,6 +234,40 @@ def test_binding_more_arguments_than_a_compiled_function_takes_is_a_type_error()
         jax.jit(lambda a, b: a + b).lower(x, x).compile()(x, x, x)
 
 
+@pytest.mark.parametrize(
+    ("bound", "message"),
+    [
+        (
+            np.ones((3, 8), np.float32),
+            r"args\[0\] .* compiled for float32\[4,8\], and float32\[3,8\]",
+        ),
+        (
+            jnp.ones((4, 8), jnp.int32),
+            r"args\[0\] .* compiled for float32\[4,8\], and int32\[4,8\]",
+        ),
+        ("weights", r"args\[0\] .* compiled for float32\[4,8\], and a str was bound"),
+        ((np.ones((4, 8), np.float32),), r"args\[0\] .* compiled for the structure"),
+    ],
+)
+def test_binding_what_a_compiled_function_was_not_compiled_for_is_a_type_error(bound, message):
+    w, x = np.ones((4, 8), np.float32), np.ones((8, 2), np.float32)
+    compiled = fastpjit.jit(lambda w, x: w @ x).lower(w, x).compile()
+    hlo = fastpjit.compile_hlo(jax.jit(lambda w, x: w @ x).lower(w, x).as_text())
+    for f in (compiled, hlo):
+        with pytest.raises(TypeError, match=message):
+            f.bind(bound)
+    # JAX's AOT call raises the same type for the same argument.
+    with pytest.raises(TypeError):
+        jax.jit(lambda w, x: w @ x).lower(w, x).compile()(bound, x)
+    # Keywords: by name where the function takes them, never where it takes none.
+    keyed = fastpjit.jit(lambda w, x: w @ x).lower(w, x=x).compile()
+    with pytest.raises(TypeError, match=r"kwargs\['x'\] .* compiled for float32\[8,2\]"):
+        keyed.bind(w, x=np.ones((8, 3), np.float32))
+    np.testing.assert_array_equal(keyed.bind(w, x=x)(), w @ x)
+    with pytest.raises(TypeError, match="takes no keyword argument 'x'"):
+        hlo.bind(w, x=x)
+
+
 class Model:
     def __init__(self) -> None:
         self.apply = fastpjit.jit(decode_step).bind(host_params())

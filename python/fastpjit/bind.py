@@ -95,6 +95,7 @@ class Bindable:
                 f"bind: {self!r} takes {len(placement)} positional arguments, and "
                 f"{len(args)} were bound"
             )
+        _check_avals(self, args, kwargs)
         args = tuple(_placed(arg, where) for arg, where in zip(args, placement, strict=False))
         return Bound(function, args, kwargs, _arrays(args, kwargs))
 
@@ -110,11 +111,61 @@ class Bindable:
         placed after the first call)."""
         return None
 
+    def _fixed_avals(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """Where `_bound_placement` is not None: the abstract value (tree) that each position
+        and keyword takes."""
+        raise NotImplementedError
+
 
 def _where(path: tuple[Any, ...]) -> str:
     """A bound leaf's path as the call spells it: `args[0]['w']`, `kwargs['cache'][1]`."""
     (kind, *rest) = path
     return ("args" if kind.idx == 0 else "kwargs") + jax.tree_util.keystr(tuple(rest))
+
+
+def _check_avals(function: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Raises JAX's TypeError, naming the argument, for a bound argument that a function of
+    fixed parameters (compiled, compile_hlo) was not compiled for, as its call would."""
+    positions, keywords = function._fixed_avals()
+    for name in kwargs:
+        if name not in keywords:
+            raise TypeError(f"bind: {function!r} takes no keyword argument {name!r}")
+    expected = (tuple(positions[: len(args)]), {name: keywords[name] for name in kwargs})
+    for i, (avals, value) in enumerate(
+        [
+            *zip(expected[0], args, strict=True),
+            *zip(expected[1].values(), kwargs.values(), strict=True),
+        ]
+    ):
+        if jax.tree.structure(avals) != jax.tree.structure(value):
+            where = f"args[{i}]" if i < len(args) else f"kwargs[{list(kwargs)[i - len(args)]!r}]"
+            raise TypeError(
+                f"bind: {where} of {function!r} was compiled for the structure "
+                f"{jax.tree.structure(avals)}, and one of {jax.tree.structure(value)} was bound"
+            )
+    wanted = jax.tree.leaves(expected)
+    given = jax.tree_util.tree_flatten_with_path((args, kwargs))[0]
+    for aval, (path, leaf) in zip(wanted, given, strict=True):
+        got = _shape_and_dtype(leaf)
+        if got != (aval.shape, aval.dtype):
+            shown = (
+                f"{got[1].name}[{','.join(map(str, got[0]))}]"
+                if got
+                else f"a {type(leaf).__qualname__}"
+            )
+            raise TypeError(
+                f"bind: {_where(path)} of {function!r} was compiled for "
+                f"{aval.str_short()}, and {shown} was bound"
+            )
+
+
+def _shape_and_dtype(leaf: Any) -> tuple[tuple[int, ...], np.dtype] | None:
+    """The shape and dtype that `leaf` takes in a call, or None where it is no array."""
+    try:
+        dtype = leaf.dtype if hasattr(leaf, "dtype") else np.result_type(leaf)
+        return np.shape(leaf), jax.dtypes.canonicalize_dtype(dtype)
+    except (TypeError, ValueError):
+        return None
 
 
 def _x64_independent(dtype: np.dtype) -> bool:

@@ -41,6 +41,9 @@ class HloFunction(Bindable, _core.JitFunction):
     def _bound_placement(self) -> Any:
         return self._program.in_shardings
 
+    def _fixed_avals(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        return self._program.in_avals, {}
+
     @property
     def input_shardings(self) -> tuple[Any, ...]:
         """The sharding of each parameter, as the module writes it (replicated where not)."""

@@ -208,6 +208,10 @@ class Compiled(Bindable, _core.JitFunction):
     def _bound_placement(self) -> Any:
         return self._compiled.input_shardings[0]
 
+    def _fixed_avals(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        positions, keywords = self._compiled.in_avals
+        return positions, keywords
+
     @classmethod
     def of(cls, compiled: Any, fun: Any = None) -> Compiled:
         """`compiled` (JAX's) of the function `fun` (or of no function known), as fastpjit
