@@ -131,21 +131,22 @@ def _check_avals(function: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -
         if name not in keywords:
             raise TypeError(f"bind: {function!r} takes no keyword argument {name!r}")
     expected = (tuple(positions[: len(args)]), {name: keywords[name] for name in kwargs})
-    for i, (avals, value) in enumerate(
-        [
-            *zip(expected[0], args, strict=True),
-            *zip(expected[1].values(), kwargs.values(), strict=True),
-        ]
-    ):
-        if jax.tree.structure(avals) != jax.tree.structure(value):
-            where = f"args[{i}]" if i < len(args) else f"kwargs[{list(kwargs)[i - len(args)]!r}]"
+    pairs = [
+        *(
+            (f"args[{i}]", avals, arg)
+            for i, (avals, arg) in enumerate(zip(expected[0], args, strict=True))
+        ),
+        *((f"kwargs[{name!r}]", keywords[name], value) for name, value in kwargs.items()),
+    ]
+    for where, avals, value in pairs:
+        structure: Any = jax.tree.structure(avals)
+        if structure != jax.tree.structure(value):
             raise TypeError(
-                f"bind: {where} of {function!r} was compiled for the structure "
-                f"{jax.tree.structure(avals)}, and one of {jax.tree.structure(value)} was bound"
+                f"bind: {where} of {function!r} was compiled for the structure {structure}, "
+                f"and one of {jax.tree.structure(value)} was bound"
             )
-    wanted = jax.tree.leaves(expected)
-    given = jax.tree_util.tree_flatten_with_path((args, kwargs))[0]
-    for aval, (path, leaf) in zip(wanted, given, strict=True):
+    leaves = jax.tree_util.tree_flatten_with_path((args, kwargs))[0]
+    for aval, (path, leaf) in zip(jax.tree.leaves(expected), leaves, strict=True):
         got = _shape_and_dtype(leaf)
         if got != (aval.shape, aval.dtype):
             shown = (
