@@ -83,6 +83,13 @@ def _cases() -> dict[str, tuple[Any, tuple[Any, ...], dict[str, Any], dict[str, 
         "f(x) → 3 outputs": (outputs(3), (x,), {}),
         "f(x) → 10 outputs": (outputs(10), (x,), {}),
         "f(x) → 32 outputs": (outputs(32), (x,), {}),
+        # Calls that fastpjit hands to JAX: an argument it cannot key.
+        "f(x, ndarray subclass)": (add, (x, np.ones((8, 4), np.float32).view(SubArray)), {}),
+        "f(params, ndarray subclass), 100 leaves": (
+            sgd,
+            (params, np.ones((8, 4), np.float32).view(SubArray)),
+            {"lr": 0.1},
+        ),
         "8 dev: f(x)": (inc, (x8,), {}),
         "8 dev: f(x, 1.0)": (add, (x8, 1.0), {}),
         "8 dev: f(x) → 3 outputs": (outputs(3), (x8,), {}),
@@ -97,6 +104,10 @@ def _cases() -> dict[str, tuple[Any, tuple[Any, ...], dict[str, Any], dict[str, 
         on_device_1,
     )
     return cases
+
+
+class SubArray(np.ndarray):
+    """A subclass of numpy's array, which JAX takes and fastpjit does not key."""
 
 
 class NewValues:

@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import tracemalloc
 from typing import NamedTuple
 
 import jax
@@ -196,6 +197,26 @@ def test_a_log_is_bounded_and_counts_what_it_cannot_hold():
     shapes = [s["args"][0]["leaf"]["shape"] for s in log.signatures()]
     assert shapes == [[2], [3], [4]]
     assert list(log.unrecordable.values()) == [1]
+
+
+def test_a_log_keeps_signatures_apart_as_json_does_and_holds_no_copy_of_a_static():
+    log = warm_start.SignatureLog(((1,), ()))
+    for static in (1, 1.0, True, "1", [1], None):
+        log.note((np.ones(2), static), {})
+    log.note((np.ones(2), 1), {})  # the same signature again
+    statics = [s["args"][1]["static"] for s in log.signatures()]
+    assert statics == [1.0, True, "1", {"list": [1]}, None, 1]
+    assert [type(v) for v in statics] == [float, bool, str, dict, type(None), int]
+    # A large static argument is held, not copied (as JAX's cache holds it).
+    big = "x" * 10_000_000
+    tracemalloc.start()
+    try:
+        log.note((np.ones(2), big), {})
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1_000_000
+    assert log.signatures()[-1]["args"][1]["static"] is big
 
 
 # -- Bad records ------------------------------------------------------------------------------

@@ -256,6 +256,17 @@ def describe_call(
     }
 
 
+def _frozen(value: Any) -> Any:
+    """A JSON value as a hashable one that compares as its JSON text would (`1`, `1.0` and
+    `true` apart), holding its strings rather than copies: a large static argument is not
+    kept twice."""
+    if isinstance(value, dict):
+        return (dict, tuple(sorted((k, _frozen(v)) for k, v in value.items())))
+    if isinstance(value, list):
+        return (list, tuple(map(_frozen, value)))
+    return (type(value), value)
+
+
 class SignatureLog:
     """The signatures of one function's cache misses, newest last, at most `capacity`; calls
     that a record cannot hold are counted by reason. `statics` are the function's static
@@ -265,7 +276,7 @@ class SignatureLog:
         self._static_positions = set(statics[0])
         self._static_names = set(statics[1])
         self._capacity = capacity
-        self._signatures: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._signatures: OrderedDict[Any, dict[str, Any]] = OrderedDict()
         self.unrecordable: dict[str, int] = {}
         self._lock = threading.Lock()
 
@@ -311,7 +322,7 @@ class SignatureLog:
         except Exception as error:  # noqa: BLE001 - noting a call never fails it
             self._count(f"{type(error).__name__}: {error}")
             return
-        key = json.dumps(signature, sort_keys=True)
+        key = _frozen(signature)
         with self._lock:
             self._signatures[key] = signature
             self._signatures.move_to_end(key)

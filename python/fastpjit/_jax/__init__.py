@@ -48,7 +48,6 @@ from fastpjit._jax.rust_handles import (
     batched_copy,
     batched_device_put,
     canonical_dtype,
-    carries_tracer,
     collect_garbage,
     config_value,
     consume_with_handlers,
@@ -63,6 +62,7 @@ from fastpjit._jax.rust_handles import (
     python_scalar_dtype,
     shard_arg,
     trace_context,
+    trace_state_clean,
     transfer_guard_global_state,
     transfer_guard_thread_state,
 )
@@ -88,7 +88,6 @@ __all__ = [
     "batched_copy",
     "batched_device_put",
     "canonical_dtype",
-    "carries_tracer",
     "collect_garbage",
     "config_value",
     "consume_with_handlers",
@@ -105,6 +104,7 @@ __all__ = [
     "python_scalar_dtype",
     "shard_arg",
     "trace_context",
+    "trace_state_clean",
     "transfer_guard_global_state",
     "transfer_guard_thread_state",
 ]

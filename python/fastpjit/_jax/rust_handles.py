@@ -121,10 +121,9 @@ array_is_deleted = vars(ArrayImpl)["is_deleted"]
 array_rewrap = vars(ArrayImpl)["_rewrap_with_aval_and_sharding"]
 
 
-def carries_tracer(args: Any, kwargs: Any) -> bool:
-    """Whether a call's arguments hold a JAX tracer: it is made inside another function's
-    trace (`jax.jit`, `grad`, `vmap`), which stages it."""
-    return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves((args, kwargs)))
+# Whether no JAX transformation traces on this thread: where one does (`jax.jit`, `grad`,
+# `vmap`), a call that fastpjit cannot key (its arguments hold tracers) is staged by it.
+trace_state_clean = _core.trace_state_clean
 
 
 consume_with_handlers = _jaxlib.ExecuteResults.consume_with_handlers

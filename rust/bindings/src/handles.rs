@@ -50,8 +50,8 @@ pub struct Handles {
     guard_allow: Py<PyAny>,
     /// `ArrayImpl._rewrap_with_aval_and_sharding`: the same buffers as another global array.
     pub rewrap: Py<PyAny>,
-    /// Whether a call's `(args, kwargs)` hold a JAX tracer: it is made inside a trace.
-    pub carries_tracer: Py<PyAny>,
+    /// JAX's `trace_state_clean()`: whether no transformation traces on this thread.
+    pub trace_state_clean: Py<PyAny>,
     /// `builtins.sorted`, for the keys of dicts that JAX flattens in sorted order.
     pub sorted: Py<PyAny>,
 
@@ -191,7 +191,7 @@ fn fetch(py: Python<'_>) -> PyResult<Handles> {
         guard_global_state: get(jax, "transfer_guard_global_state")?,
         guard_allow: get(jax, "TRANSFER_GUARD_ALLOW")?,
         rewrap: get(jax, "array_rewrap")?,
-        carries_tracer: get(jax, "carries_tracer")?,
+        trace_state_clean: get(jax, "trace_state_clean")?,
         sorted: get(&py.import("builtins")?, "sorted")?,
         batched_device_put: get(jax, "batched_device_put")?,
         zero_copy: get(jax, "HOST_BUFFER_ZERO_COPY")?,

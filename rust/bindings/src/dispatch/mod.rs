@@ -378,10 +378,10 @@ impl JitFunction {
         kwargs: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let traced = reason == self.reasons.unkeyable
-            && handles(py)?
-                .carries_tracer
+            && !handles(py)?
+                .trace_state_clean
                 .bind(py)
-                .call1((args, kwargs))?
+                .call0()?
                 .is_truthy()?;
         if traced {
             self.stats.count(Counter::Traced);
@@ -389,11 +389,20 @@ impl JitFunction {
             self.count_fallback(reason);
             self.stats.count(Counter::JaxCall);
         }
-        let fallback = Self::callable(py, &self.fallback)?;
         if reason == self.reasons.disabled {
             // JAX runs it op by op, as the user asked; its compiles are not this call's.
-            return fallback.call(args, kwargs);
+            return Self::callable(py, &self.fallback)?.call(args, kwargs);
         }
+        // jax.jit's own function where it is made (it is what the fallback calls), without
+        // the Python frames on the way.
+        let made = match &*lock(&self.jax_dispatch) {
+            JaxDispatch::Made(jitted) => Some(jitted.clone_ref(py).into_bound(py)),
+            _ => None,
+        };
+        let fallback = match made {
+            Some(jitted) => jitted,
+            None => Self::callable(py, &self.fallback)?,
+        };
         guarding_jax_call(|| fallback.call(args, kwargs))
     }
 
