@@ -453,6 +453,46 @@ def test_an_equivalent_sharding_over_a_1d_mesh_passes_as_it_is():
     bitwise_equal(out, jax.jit(scaled, in_shardings=NamedSharding(mesh, P("i")))(x))
 
 
+class SubArray(np.ndarray):
+    """An ndarray subclass: JAX takes it, and fastpjit cannot key it."""
+
+
+UNKEYABLE = "jit: an argument is a tracer or not an array; JAX runs the call"
+HANDED_OVER = (
+    "jit: the latest calls had an argument that is not an array (or nested too deep), so "
+    "JAX's dispatch takes the calls, unread, until a recheck"
+)
+
+
+def test_calls_fastpjit_cannot_key_go_to_jax_s_dispatch_unread_until_a_recheck():
+    def scaled(x, s):
+        return x * s
+
+    ours, theirs = fastpjit.jit(scaled), JAX_JIT(scaled)
+    x, s = jnp.arange(4.0), np.full(4, 2.0, np.float32).view(SubArray)
+    for i in range(300):
+        out = ours(x, s)
+        if i % 50 == 0 or i == 299:
+            bitwise_equal(out, theirs(x, s))
+    counts = row(scaled)
+    # 3 calls read and handed to JAX, then 256 unread; at the recheck, 3 read again, ...
+    assert counts["fallbacks"] == {UNKEYABLE: 6, HANDED_OVER: 294}
+    assert counts["jax_calls"] == counts["calls"] == 300
+    assert fastpjit.explain(ours, x, s).reason == HANDED_OVER
+    # Calls that fastpjit keys come back to its path at the recheck, and stay.
+    for _ in range(300):
+        bitwise_equal(ours(x, x), theirs(x, x))
+    after = row(scaled)
+    assert after["cache_misses"] == 1
+    assert after["fallbacks"][HANDED_OVER] + after["cache_hits"] == 300 + 294 - 1
+    assert fastpjit.explain(ours, x, x).outcome == "hit"
+    # Inside no_recompiles, each call is read and handed to JAX's guarded path.
+    with fastpjit.no_recompiles():
+        for _ in range(5):
+            bitwise_equal(ours(x, s), theirs(x, s))
+    assert row(scaled)["fallbacks"][UNKEYABLE] == 6 + 5
+
+
 # --- python -m fastpjit run ------------------------------------------------------------------
 
 

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-pub use fastpjit_core::stats::{Counter, FunctionStats, DELEGATED};
+pub use fastpjit_core::stats::{Counter, FunctionStats, DELEGATED, HANDED_OVER};
 use fastpjit_core::stats::{FunctionId, Registry};
 use fastpjit_core::timing::{Latencies, Percentiles, Stage};
 

@@ -18,6 +18,12 @@
 //! new arrays hands the calls to JAX (a hit that copies an array passed again, to keep the
 //! copy, neither adds to the run nor ends it), and then every call goes there until the
 //! recheck.
+//!
+//! Calls that fastpjit cannot key (an argument that is not an array: an ndarray subclass, an
+//! object with `__jax_array__`) go to JAX anyway, after fastpjit has read their arguments up
+//! to that one: 8,700 more instructions than JAX's call with two arguments, 92,000 with a
+//! hundred (`benches/instructions.py subclass`). After `UNKEYABLE_CALLS` such calls in a row,
+//! every call goes to JAX's dispatch unread until the recheck.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -30,6 +36,17 @@ pub const ARRAYS_PER_PLACED: usize = 4;
 /// How many hits that copied new arrays to the executable's devices (and favour JAX's
 /// dispatch) it takes to hand the calls to JAX, each time.
 pub const COPYING_HITS: u32 = 3;
+/// How many calls in a row that fastpjit could not key hand the calls to JAX.
+pub const UNKEYABLE_CALLS: u32 = 3;
+
+/// Why a call goes to JAX's dispatch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handover {
+    /// The latest hits placed or copied new arrays, which JAX does for less.
+    Placements,
+    /// The latest calls had arguments that fastpjit cannot key.
+    Unkeyable,
+}
 
 /// What a hit of fastpjit's did with the call's arguments.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -62,30 +79,50 @@ pub struct Delegation {
     state: AtomicU32,
     /// The hits that copied new arrays and favoured JAX, since the latest that did neither.
     copying_hits: AtomicU32,
+    /// The calls that fastpjit could not key since the latest hit.
+    unkeyable_calls: AtomicU32,
 }
 
 /// The bit of `Delegation::state` that hands every call to JAX.
 const EVERY_CALL: u32 = 1 << 31;
+/// The bit of `Delegation::state` set where unkeyable calls decided it.
+const UNKEYABLE: u32 = 1 << 30;
 
 impl Delegation {
-    /// Whether this call goes to JAX's dispatch; `carries_numpy` tells whether it carries a
-    /// numpy array, and is asked only where that decides.
-    pub fn delegates(&self, carries_numpy: impl FnOnce() -> bool) -> bool {
+    /// Whether this call goes to JAX's dispatch, and why; `carries_numpy` tells whether it
+    /// carries a numpy array, and is asked only where that decides.
+    pub fn delegates(&self, carries_numpy: impl FnOnce() -> bool) -> Option<Handover> {
         let state = self.state.load(Ordering::Relaxed);
         if state == 0 {
-            return false;
+            return None;
         }
-        if state & !EVERY_CALL > RECHECK {
+        if state & !(EVERY_CALL | UNKEYABLE) > RECHECK {
             self.state.store(0, Ordering::Relaxed);
-            return false;
+            return None;
         }
         self.state.store(state + 1, Ordering::Relaxed);
-        state & EVERY_CALL != 0 || carries_numpy()
+        if state & UNKEYABLE != 0 {
+            Some(Handover::Unkeyable)
+        } else {
+            (state & EVERY_CALL != 0 || carries_numpy()).then_some(Handover::Placements)
+        }
+    }
+
+    /// Records a call that fastpjit could not key, which went to JAX (outside any trace).
+    pub fn after_unkeyable(&self) {
+        if self.unkeyable_calls.fetch_add(1, Ordering::Relaxed) + 1 >= UNKEYABLE_CALLS {
+            self.unkeyable_calls.store(0, Ordering::Relaxed);
+            self.state
+                .store(EVERY_CALL | UNKEYABLE | 1, Ordering::Relaxed);
+        }
     }
 
     /// Records a hit of fastpjit's that took `inputs` (`can_delegate`: whether this function
     /// has JAX's dispatch to hand calls to, and its executable takes them as JAX's would).
     pub fn after_hit(&self, can_delegate: bool, inputs: HitInputs) {
+        if self.unkeyable_calls.load(Ordering::Relaxed) != 0 {
+            self.unkeyable_calls.store(0, Ordering::Relaxed);
+        }
         let favour = can_delegate && inputs.favour_jax();
         let state = if favour && inputs.placed > 0 {
             1
@@ -138,7 +175,7 @@ mod tests {
     #[test]
     fn calls_stay_with_fastpjit_until_a_hit_favours_jax() {
         let delegation = Delegation::default();
-        assert!(!delegation.delegates(CARRIES_NUMPY));
+        assert!(delegation.delegates(CARRIES_NUMPY).is_none());
         delegation.after_hit(
             true,
             HitInputs {
@@ -148,11 +185,11 @@ mod tests {
                 passed: 2,
             },
         );
-        assert!(!delegation.delegates(CARRIES_NUMPY));
+        assert!(delegation.delegates(CARRIES_NUMPY).is_none());
         delegation.after_hit(false, NUMPY_BATCH);
-        assert!(!delegation.delegates(CARRIES_NUMPY));
+        assert!(delegation.delegates(CARRIES_NUMPY).is_none());
         delegation.after_hit(true, NUMPY_BATCH);
-        assert!(delegation.delegates(CARRIES_NUMPY));
+        assert!(delegation.delegates(CARRIES_NUMPY).is_some());
     }
 
     #[test]
@@ -161,7 +198,7 @@ mod tests {
         delegation.after_hit(true, NUMPY_BATCH);
         let mut ours = 0;
         for _ in 0..10 * RECHECK {
-            if !delegation.delegates(CARRIES_NUMPY) {
+            if delegation.delegates(CARRIES_NUMPY).is_none() {
                 ours += 1;
                 delegation.after_hit(true, NUMPY_BATCH);
             }
@@ -174,9 +211,9 @@ mod tests {
         let delegation = Delegation::default();
         delegation.after_hit(true, NUMPY_BATCH);
         for _ in 0..RECHECK {
-            assert!(delegation.delegates(CARRIES_NUMPY));
+            assert!(delegation.delegates(CARRIES_NUMPY).is_some());
         }
-        assert!(!delegation.delegates(CARRIES_NUMPY));
+        assert!(delegation.delegates(CARRIES_NUMPY).is_none());
         delegation.after_hit(
             true,
             HitInputs {
@@ -186,7 +223,7 @@ mod tests {
                 passed: 1,
             },
         );
-        assert!(!delegation.delegates(CARRIES_NUMPY));
+        assert!(delegation.delegates(CARRIES_NUMPY).is_none());
     }
 
     #[test]
@@ -226,35 +263,63 @@ mod tests {
         let (new, to_keep, none) = (NEW_COPIES, COPIES_TO_KEEP, HitInputs::default());
         // An array passed again is copied once more to keep the copy, which then serves.
         let repeats = [new, to_keep, none, none, new, to_keep, none];
-        assert!(!after(&repeats).delegates(carries_none));
+        assert!(after(&repeats).delegates(carries_none).is_none());
         // New arrays at the address of the one before are taken for a repeat, and kept.
-        assert!(after(&[new, to_keep, new, to_keep, new]).delegates(carries_none));
+        assert!(after(&[new, to_keep, new, to_keep, new])
+            .delegates(carries_none)
+            .is_some());
         let delegation = after(&[new, new, new]);
         // Until the recheck, after which another run hands them over again.
         for _ in 0..RECHECK {
-            assert!(delegation.delegates(carries_none));
+            assert!(delegation.delegates(carries_none).is_some());
         }
         for _ in 1..COPYING_HITS {
-            assert!(!delegation.delegates(carries_none));
+            assert!(delegation.delegates(carries_none).is_none());
             delegation.after_hit(true, NEW_COPIES);
         }
-        assert!(!delegation.delegates(carries_none));
+        assert!(delegation.delegates(carries_none).is_none());
         delegation.after_hit(true, NEW_COPIES);
-        assert!(delegation.delegates(carries_none));
+        assert!(delegation.delegates(carries_none).is_some());
         // A hit that copies nothing ends a run.
-        while delegation.delegates(carries_none) {}
+        while delegation.delegates(carries_none).is_some() {}
         delegation.after_hit(true, NEW_COPIES);
         delegation.after_hit(true, HitInputs::default());
         delegation.after_hit(true, NEW_COPIES);
         delegation.after_hit(true, NEW_COPIES);
-        assert!(!delegation.delegates(carries_none));
+        assert!(delegation.delegates(carries_none).is_none());
     }
 
     #[test]
     fn numpy_hands_only_the_calls_that_carry_it_to_jax() {
         let delegation = Delegation::default();
         delegation.after_hit(true, NUMPY_BATCH);
-        assert!(!delegation.delegates(|| false));
-        assert!(delegation.delegates(CARRIES_NUMPY));
+        assert!(delegation.delegates(|| false).is_none());
+        assert!(delegation.delegates(CARRIES_NUMPY).is_some());
+    }
+
+    #[test]
+    fn a_run_of_unkeyable_calls_hands_every_call_to_jax_until_the_recheck() {
+        let delegation = Delegation::default();
+        for _ in 1..UNKEYABLE_CALLS {
+            delegation.after_unkeyable();
+            assert_eq!(delegation.delegates(|| false), None);
+        }
+        // A hit ends a run.
+        delegation.after_hit(true, HitInputs::default());
+        for _ in 1..UNKEYABLE_CALLS {
+            delegation.after_unkeyable();
+        }
+        assert_eq!(delegation.delegates(|| false), None);
+        delegation.after_unkeyable();
+        for _ in 0..RECHECK {
+            assert_eq!(delegation.delegates(|| false), Some(Handover::Unkeyable));
+        }
+        assert_eq!(delegation.delegates(|| false), None);
+        // Placements hand calls over by their own reason.
+        delegation.after_hit(true, NUMPY_BATCH);
+        assert_eq!(
+            delegation.delegates(CARRIES_NUMPY),
+            Some(Handover::Placements)
+        );
     }
 }

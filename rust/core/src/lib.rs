@@ -24,7 +24,7 @@ pub mod timing;
 pub mod transfer;
 
 pub use bounded::{BoundedMap, ForgetAll, Forgotten, LeastRecent, Recency, UseStamp};
-pub use delegation::{Delegation, HitInputs};
+pub use delegation::{Delegation, Handover, HitInputs};
 pub use error::ShardingError;
 pub use hlo_sharding::HloSharding;
 pub use index_map::IndexMap;

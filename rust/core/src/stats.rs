@@ -32,12 +32,21 @@ pub enum Counter {
     /// its new arrays from other devices) faster: a call that JAX ran, of the fallback reason
     /// [`DELEGATED`], counted without a lock.
     Delegated,
+    /// A call handed to jax.jit's C++ dispatch unread, after calls that fastpjit could not
+    /// key: a call that JAX ran, of the fallback reason [`HANDED_OVER`], counted without a
+    /// lock.
+    HandedOver,
 }
 
 /// The fallback reason of [`Counter::Delegated`].
 pub const DELEGATED: &str = "jit: new numpy arrays or arrays on other devices, which JAX's C++ \
                              dispatch places for less than jaxlib's Python API allows: JAX runs \
                              the call";
+
+/// The fallback reason of [`Counter::HandedOver`].
+pub const HANDED_OVER: &str = "jit: the latest calls had an argument that is not an array (or \
+                               nested too deep), so JAX's dispatch takes the calls, unread, \
+                               until a recheck";
 
 /// One function's counts at one moment.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -82,6 +91,7 @@ pub struct FunctionStats {
     jax_calls: AtomicU64,
     traced: AtomicU64,
     delegated: AtomicU64,
+    handed_over: AtomicU64,
     fallbacks: Mutex<BTreeMap<String, u64>>,
     /// The stage times of the latest timed hits.
     latencies: Mutex<Latencies>,
@@ -102,6 +112,7 @@ impl FunctionStats {
             jax_calls: AtomicU64::new(0),
             traced: AtomicU64::new(0),
             delegated: AtomicU64::new(0),
+            handed_over: AtomicU64::new(0),
             fallbacks: Mutex::new(BTreeMap::new()),
             latencies: Mutex::new(Latencies::new()),
         }
@@ -115,6 +126,7 @@ impl FunctionStats {
             Counter::JaxCall => (&self.jax_calls, 1),
             Counter::Traced => (&self.traced, 1),
             Counter::Delegated => (&self.delegated, 1),
+            Counter::HandedOver => (&self.handed_over, 1),
         };
         cell.fetch_add(n, Ordering::Relaxed);
     }
@@ -139,19 +151,27 @@ impl FunctionStats {
         lock(&self.latencies)
     }
 
-    /// The counts now: a delegated call is a call that JAX ran, of its own reason.
+    /// The counts now: a delegated or handed-over call is a call that JAX ran, of its own
+    /// reason.
     pub fn counts(&self) -> Counts {
-        let delegated = self.delegated.load(Ordering::Relaxed);
         let load = |cell: &AtomicU64| cell.load(Ordering::Relaxed);
         let mut fallbacks = lock(&self.fallbacks).clone();
-        if delegated > 0 {
-            *fallbacks.entry(DELEGATED.to_owned()).or_default() += delegated;
+        let mut unread = 0;
+        for (cell, reason) in [
+            (&self.delegated, DELEGATED),
+            (&self.handed_over, HANDED_OVER),
+        ] {
+            let n = load(cell);
+            if n > 0 {
+                *fallbacks.entry(reason.to_owned()).or_default() += n;
+                unread += n;
+            }
         }
         Counts {
             hits: load(&self.hits),
             misses: load(&self.misses),
             compiles: load(&self.compiles),
-            jax_calls: load(&self.jax_calls) + delegated,
+            jax_calls: load(&self.jax_calls) + unread,
             traced: load(&self.traced),
             fallbacks,
         }
@@ -165,6 +185,7 @@ impl FunctionStats {
             &self.jax_calls,
             &self.traced,
             &self.delegated,
+            &self.handed_over,
         ] {
             cell.store(0, Ordering::Relaxed);
         }
@@ -298,7 +319,11 @@ mod tests {
 
     #[test]
     fn shared_names_gain_their_lines() {
-        let ids = [id("m.<lambda>", "m.py:3"), id("m.<lambda>", "m.py:14"), id("n.f", "n.py:1")];
+        let ids = [
+            id("m.<lambda>", "m.py:3"),
+            id("m.<lambda>", "m.py:14"),
+            id("n.f", "n.py:1"),
+        ];
         assert_eq!(names(&ids), ["m.<lambda>:3", "m.<lambda>:14", "n.f"]);
     }
 
@@ -362,20 +387,22 @@ mod tests {
             Counter::JaxCall,
             Counter::Traced,
             Counter::Delegated,
+            Counter::HandedOver,
         ] {
             stats.count(counter);
         }
         stats.count_fallback("why");
         let counts = stats.counts();
-        assert_eq!(counts.calls(), 5);
+        assert_eq!(counts.calls(), 6);
         assert_eq!(counts.compiles, 3);
-        assert_eq!(counts.jax_calls, 2);
+        assert_eq!(counts.jax_calls, 3);
         assert_eq!(counts.fallbacks.get(DELEGATED), Some(&1));
+        assert_eq!(counts.fallbacks.get(HANDED_OVER), Some(&1));
         assert_eq!(counts.fallbacks.get("why"), Some(&1));
         let mut total = Counts::default();
         total.add(&counts);
         total.add(&counts);
-        assert_eq!(total.calls(), 10);
+        assert_eq!(total.calls(), 12);
         assert_eq!(total.fallbacks.get("why"), Some(&2));
         stats.reset();
         assert!(stats.counts().is_empty());

@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use fastpjit_core::dispatch::{CacheEntry, EntryCache, MissState};
 use fastpjit_core::timing::Stage;
-use fastpjit_core::{BoundedMap, Delegation};
+use fastpjit_core::{BoundedMap, Delegation, Handover};
 use pyo3::exceptions::PyOverflowError;
 use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
@@ -33,8 +33,8 @@ use pyo3::PyTraverseError;
 use crate::errors::DispatchError;
 use crate::handles::{handles, Handles};
 use crate::stats::{
-    function_stats, guarding_jax_call, mark, record, recompiles_guarded, Clock, Counter, FunctionStats,
-    DELEGATED,
+    function_stats, guarding_jax_call, mark, recompiles_guarded, record, Clock, Counter,
+    FunctionStats, DELEGATED, HANDED_OVER,
 };
 pub use bound::BoundFunction;
 use context::LiveContext;
@@ -305,10 +305,12 @@ impl JitFunction {
         Ok(Some(out))
     }
 
-    /// Hands the call to jax.jit's own dispatch, counted; None for a function without one.
+    /// Hands the call to jax.jit's own dispatch, counted by `why`; None for a function
+    /// without one.
     fn delegate<'py>(
         &self,
         py: Python<'py>,
+        why: Handover,
         args: &Bound<'py, PyTuple>,
         kwargs: Option<&Bound<'py, PyDict>>,
     ) -> Option<PyResult<Bound<'py, PyAny>>> {
@@ -334,8 +336,11 @@ impl JitFunction {
                 }
             }
         };
-        self.stats.count(Counter::Delegated);
-        Some(jitted.bind(py).call(args, kwargs))
+        match why {
+            Handover::Placements => self.stats.count(Counter::Delegated),
+            Handover::Unkeyable => self.stats.count(Counter::HandedOver),
+        }
+        Some(guarding_jax_call(|| jitted.bind(py).call(args, kwargs)))
     }
 
     /// The cache entry of `call`: among the latest calls' entries where `recent` (compared only
@@ -388,6 +393,14 @@ impl JitFunction {
         } else {
             self.count_fallback(reason);
             self.stats.count(Counter::JaxCall);
+        }
+        // Outside traces, a function whose calls keep going here hands them to jax.jit's
+        // dispatch before reading them (see `Delegation`).
+        if !traced
+            && (reason == self.reasons.unkeyable || reason == self.reasons.deep)
+            && !matches!(*lock(&self.jax_dispatch), JaxDispatch::None)
+        {
+            self.delegation.after_unkeyable();
         }
         if reason == self.reasons.disabled {
             // JAX runs it op by op, as the user asked; its compiles are not this call's.
@@ -705,13 +718,14 @@ impl JitFunction {
         let this = slf.get();
         let mut clock = Clock::start();
         let h = handles(py)?;
-        if this
+        if let Some(why) = this
             .delegation
             .delegates(|| carries_numpy_array(h, args, kwargs))
-            && !recompiles_guarded()
         {
-            if let Some(out) = this.delegate(py, args, kwargs) {
-                return out;
+            if !recompiles_guarded() {
+                if let Some(out) = this.delegate(py, why, args, kwargs) {
+                    return out;
+                }
             }
         }
         let context = if this.keyed_by_context {
@@ -821,13 +835,18 @@ impl JitFunction {
             out.set_item("reason", reason)?;
             Ok::<_, PyErr>(out.clone())
         };
-        let delegating = this
+        let delegated = this
             .delegation
             .delegates(|| carries_numpy_array(h, args, kwargs))
-            && !recompiles_guarded()
-            && !matches!(*lock(&this.jax_dispatch), JaxDispatch::None);
-        if delegating {
-            return answer("fallback", None, Some(DELEGATED));
+            .filter(|_| {
+                !recompiles_guarded() && !matches!(*lock(&this.jax_dispatch), JaxDispatch::None)
+            });
+        if let Some(why) = delegated {
+            let reason = match why {
+                Handover::Placements => DELEGATED,
+                Handover::Unkeyable => HANDED_OVER,
+            };
+            return answer("fallback", None, Some(reason));
         }
         let context = if this.keyed_by_context {
             let context = LiveContext::read(py, h)?;
