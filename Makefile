@@ -16,7 +16,7 @@ export JAX_PLATFORMS ?= cpu
 # venv and its own cargo target folder, so that switching lines rebuilds nothing.
 LINES ?= 3.11:0.10.2 3.12:0.11.2 3.13:0.12.0.1
 
-.PHONY: demo serve test test-all build venv rust-test rust-test-bindings py-test lint bench clean
+.PHONY: demo serve test test-all test-cluster build venv rust-test rust-test-bindings py-test lint bench clean
 
 demo: build
 	$(PY) examples/demo.py
@@ -86,6 +86,11 @@ test-all: rust-test
 
 py-test:
 	$(PY) -m pytest -q
+
+# Multi-process runs under real SLURM (a one-machine cluster on loopback) and Open MPI,
+# installed from Debian's packages where missing (as root); tests/cluster/engines.py.
+test-cluster: build
+	FASTPJIT_CLUSTER_TESTS=1 $(PY) -m pytest -q -rP tests/cluster
 
 lint: build
 	cargo fmt --check

@@ -16,3 +16,6 @@ settings.register_profile(
     "thorough", max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 settings.load_profile(os.environ.get("FASTPJIT_HYPOTHESIS_PROFILE", "ci"))
+
+# The cluster tests start SLURM's daemons and Open MPI jobs: `make test-cluster` runs them.
+collect_ignore = [] if os.environ.get("FASTPJIT_CLUSTER_TESTS") else ["cluster"]

@@ -11,7 +11,9 @@ it asserts anything).
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
 import traceback
 from collections.abc import Callable
 
@@ -410,6 +412,73 @@ def make_array_counts_what_jax_does():
     assert list(fastpjit.stats()["fallbacks"]) == [
         "make_array_from_process_local_data: a leaf that is not a numpy array"
     ]
+
+
+# --- Serving and warm starts across the processes ------------------------------------------
+
+
+@check
+def bound_function_across_processes():
+    """A function with global weights bound: the bound path on every call after the first,
+    with jax.jit's outputs."""
+    mesh = mesh_2x4()
+    _, w = global_array(NamedSharding(mesh, P("x", "y")), (8, 8))
+    _, x = global_array(NamedSharding(mesh, P("x")), (8, 8))
+
+    def step(w, x):
+        return jnp.tanh(x @ w), jnp.sum(w)
+
+    g = fastpjit.jit(step).bind(w)
+    expected = jax.jit(step)(w, x)
+    same_pmap_outputs(g(x), expected)
+    for _ in range(2):
+        same_pmap_outputs(hits_only(lambda: g(x)), expected)
+    report = fastpjit.explain(g, x)
+    assert (report.outcome, report.path) == ("hit", "bound"), report
+
+
+@check
+def warm_up_across_processes():
+    """A signature recorded in one run is compiled by `warm_up` in the next (here, another
+    function of the same code): its first call is a hit, with jax.jit's outputs."""
+    mesh = mesh_2x4()
+    _, x = global_array(NamedSharding(mesh, P("x", "y")), (8, 8))
+
+    def scaled_total(a):
+        return a * 3, jnp.sum(a)
+
+    fastpjit.jit(scaled_total)(x)
+    with tempfile.TemporaryDirectory() as directory:
+        path = os.path.join(directory, f"signatures-{jax.process_index()}.json")
+        fastpjit.save_signatures(path, {"scaled_total": fastpjit.jit(scaled_total)})
+        fastpjit.jit(scaled_total).clear_cache()
+        fresh = fastpjit.jit(scaled_total)
+        report = fastpjit.warm_up(path, {"scaled_total": fresh}, threads=1)
+    assert report.counts() == {"compiled": 1}, str(report)
+    same_pmap_outputs(hits_only(lambda: fresh(x)), jax.jit(scaled_total)(x))
+
+
+@check
+def stats_across_processes():
+    """Each process counts its own calls: a miss that compiled, then hits, in one row."""
+    mesh = mesh_2x4()
+    _, x = global_array(NamedSharding(mesh, P("x", "y")), (8, 8))
+
+    def counted_step(a):
+        return a - 1
+
+    f = fastpjit.jit(counted_step)
+    for _ in range(3):
+        f(x)
+    rows = [
+        counts
+        for name, counts in fastpjit.stats()["functions"].items()
+        if name.endswith(".counted_step")
+    ]
+    assert len(rows) == 1, fastpjit.stats()["functions"]
+    (counts,) = rows
+    assert (counts["calls"], counts["cache_hits"], counts["cache_misses"]) == (3, 2, 1), counts
+    assert counts["compiles"] == 1 and counts["fallbacks"] == {}, counts
 
 
 def main() -> int:

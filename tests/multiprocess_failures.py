@@ -29,6 +29,8 @@ def main(mode: str) -> None:
     print(f"ready pid {os.getpid()} pgid {os.getpgid(0)}", flush=True)
     if jax.process_index() == 1:
         time.sleep(1)  # process 0 is in its collective by now
+        if mode in ("killed", "raises"):
+            print(f"failing at {time.time():.3f}", flush=True)
         if mode == "killed":
             os.kill(os.getpid(), signal.SIGKILL)
         elif mode == "raises":

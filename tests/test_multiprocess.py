@@ -13,6 +13,7 @@ import io
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -73,6 +74,9 @@ def checks() -> ChecksRun:
         "make_array_dtypes_and_layouts",
         "make_array_bad_input",
         "make_array_counts_what_jax_does",
+        "bound_function_across_processes",
+        "warm_up_across_processes",
+        "stats_across_processes",
     ],
 )
 def test_two_processes_agree_with_jax(checks, name):
@@ -145,43 +149,127 @@ def test_a_process_that_raises_stops_the_run_and_shows_its_traceback():
         assert gone(pgid)
 
 
+class WaitingRun:
+    """A launch of `multiprocess_failures.py waits`, once process 0 is blocked in a collective
+    that process 1 never joins: `act(launcher, pids)` then stops something, and the run's
+    exit status, seconds from the act to the launcher's exit, and stdout and stderr are
+    kept."""
+
+    def __init__(self, act, env=None) -> None:
+        lines: list[str] = []
+        with subprocess.Popen(
+            [*LAUNCH, "--timeout", "100", *failures_script("waits")],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        ) as launcher:
+            reader = threading.Thread(target=lambda: lines.extend(launcher.stdout), daemon=True)
+            reader.start()
+            try:
+                deadline = time.monotonic() + 90
+                while time.monotonic() < deadline and not (
+                    any("entering the collective" in line for line in lines)
+                    and sum("ready pid" in line for line in lines) == 2
+                ):
+                    time.sleep(0.1)
+                assert any("entering the collective" in line for line in lines), lines
+                time.sleep(1)  # process 0 is blocked in the collective, process 1 asleep
+                pids = {
+                    int(index): int(pid)
+                    for index, pid in re.findall(r"\[(\d)\] ready pid (\d+)", "".join(lines))
+                }
+                acted = time.monotonic()
+                act(launcher, pids)
+                self.status = launcher.wait(timeout=STOP_GRACE_S + 20)
+                self.elapsed = time.monotonic() - acted
+            finally:
+                if launcher.poll() is None:
+                    launcher.kill()
+            reader.join(timeout=5)
+            self.stdout, self.stderr = "".join(lines), launcher.stderr.read()
+
+
 @pytest.mark.timeout(120)
 def test_ctrl_c_stops_every_process():
-    lines: list[str] = []
-    with subprocess.Popen(
-        [*LAUNCH, "--timeout", "100", *failures_script("waits")],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    ) as launcher:
-
-        def read() -> None:
-            for line in launcher.stdout:
-                lines.append(line)
-
-        reader = threading.Thread(target=read, daemon=True)
-        reader.start()
-        try:
-            deadline = time.monotonic() + 90
-            while time.monotonic() < deadline and not (
-                any("entering the collective" in line for line in lines)
-                and sum("ready pid" in line for line in lines) == 2
-            ):
-                time.sleep(0.1)
-            assert any("entering the collective" in line for line in lines), lines
-            time.sleep(1)  # process 0 is blocked in the collective, process 1 asleep
-            interrupted = time.monotonic()
-            launcher.send_signal(signal.SIGINT)
-            status = launcher.wait(timeout=STOP_GRACE_S + 20)
-            elapsed = time.monotonic() - interrupted
-        finally:
-            if launcher.poll() is None:
-                launcher.kill()
-        reader.join(timeout=5)
-        errors = launcher.stderr.read()
-    assert status == 128 + signal.SIGINT, errors
-    assert elapsed < STOP_GRACE_S + 10, elapsed
-    assert "fastpjit.launch: SIGINT received; stopping every process" in errors
-    pgids = [int(g) for line in lines for g in re.findall(r"ready pid \d+ pgid (\d+)", line)]
+    run = WaitingRun(lambda launcher, _: launcher.send_signal(signal.SIGINT))
+    assert run.status == 128 + signal.SIGINT, run.stderr
+    assert run.elapsed < STOP_GRACE_S + 10, run.elapsed
+    assert "fastpjit.launch: SIGINT received; stopping every process" in run.stderr
+    pgids = [int(g) for g in re.findall(r"ready pid \d+ pgid (\d+)", run.stdout)]
     assert len(pgids) == 2
     assert all(gone(pgid) for pgid in pgids)
+
+
+@pytest.mark.timeout(120)
+def test_sigterm_ends_a_process_blocked_in_a_collective_at_once():
+    # As SLURM stops a failed job's other processes: JAX's preemption notifier would take the
+    # signal, and the process would wait on in its collective.
+    run = WaitingRun(lambda _, pids: os.kill(pids[0], signal.SIGTERM))
+    said = "fastpjit.launch: process 0 was killed by SIGTERM; stopping the other processes"
+    assert said in run.stderr, run.stderr
+    assert run.status == 128 + signal.SIGTERM, run.stderr
+    assert run.elapsed < STOP_GRACE_S, run.elapsed  # before the launcher's own grace period
+
+
+@pytest.mark.timeout(120)
+def test_jax_enable_preemption_service_keeps_jax_s_handling_of_sigterm():
+    def term_then_interrupt(launcher, pids):
+        os.kill(pids[0], signal.SIGTERM)
+        time.sleep(2)
+        assert launcher.poll() is None, "process 0 ended on SIGTERM"
+        launcher.send_signal(signal.SIGINT)
+
+    run = WaitingRun(term_then_interrupt, env={**os.environ, "JAX_ENABLE_PREEMPTION_SERVICE": "1"})
+    assert run.status == 128 + signal.SIGINT, run.stderr
+    assert "fastpjit.launch: SIGINT received; stopping every process" in run.stderr
+
+
+# --- Processes that no engine started: JAX_* variables --------------------------------------
+
+ENGINE_VARIABLES = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "FASTPJIT_", "JAX_", "KUBERNETES_")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("kind", ["jax_variables", "kubernetes_indexed_job"])
+def test_processes_find_each_other_in_jax_s_variables(kind):
+    address = f"127.0.0.1:{free_port()}"
+    base = {k: v for k, v in os.environ.items() if not k.startswith(ENGINE_VARIABLES)}
+    base.update(
+        JAX_COORDINATOR_ADDRESS=address,
+        JAX_COORDINATOR_BIND_ADDRESS=address,
+        JAX_NUM_PROCESSES="2",
+        JAX_NUM_CPU_DEVICES="4",
+        JAX_PLATFORMS="cpu",
+    )
+    processes = []
+    for index in range(2):
+        if kind == "jax_variables":
+            env = {**base, "JAX_PROCESS_ID": str(index)}
+        else:  # a pod of an Indexed Job: JAX's Kubernetes detector needs jax[k8s], not here
+            env = {
+                **base,
+                "KUBERNETES_SERVICE_HOST": "10.0.0.1",
+                "JOB_COMPLETION_INDEX": str(index),
+                "HOSTNAME": f"train-{index}-x7k2q",
+            }
+        processes.append(
+            subprocess.Popen(
+                [sys.executable, str(HERE / "multiprocess_variables.py")],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    outputs = [p.communicate(timeout=120) for p in processes]
+    for index, (process, (out, err)) in enumerate(zip(processes, outputs, strict=True)):
+        assert process.returncode == 0, err[-4000:]
+        # 4 devices of 1s and 4 of 2s.
+        assert f"process {index} of 2: total 12.0" in out, (out, err[-4000:])

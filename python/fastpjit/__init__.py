@@ -18,7 +18,7 @@ from __future__ import annotations
 import fastpjit._jax  # noqa: F401
 
 # isort: on
-from fastpjit import _launched
+from fastpjit import _failures, _launched
 from fastpjit._core import __version__, reset_stats, set_host_pool_limit, stats
 from fastpjit.bench import benchmark
 from fastpjit.errors import (
@@ -45,9 +45,11 @@ from fastpjit.timing import timing
 from fastpjit.transfer import device_get, device_put, make_array_from_process_local_data
 from fastpjit.warm_start import save_signatures, warm_up
 
-# In a process that `python -m fastpjit.launch` started: report an uncaught exception to the
-# launcher at once, and die with the launcher. (Importing fastpjit also registers the launcher's
-# cluster environment with jax.distributed, in fastpjit._jax.cluster_env.)
+# A process of a multi-process run ends at once when it fails, under any engine, and reports
+# an uncaught exception to the launcher where it started it (fastpjit._failures); a process
+# that the launcher started dies with it. (Importing fastpjit also registers cluster
+# environments with jax.distributed, in fastpjit._jax.cluster_env.)
+_failures.install()
 _launched.install()
 
 __all__ = [

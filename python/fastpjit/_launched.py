@@ -12,7 +12,7 @@ import ctypes
 import os
 import signal
 import sys
-from typing import Any
+from collections.abc import Callable
 
 # Set by the launcher in each process it starts.
 PROCESS_ID = "FASTPJIT_PROCESS_ID"
@@ -30,16 +30,18 @@ def launched() -> bool:
     return PROCESS_ID in os.environ
 
 
-def install() -> None:
-    """Ties a process that the launcher started to the launcher.
+def _child() -> bool:
+    """Whether this process is one that the launcher started itself: not a process that one
+    of them started in turn and that inherits the environment (whose exceptions are not the
+    launched process's)."""
+    return launched() and str(os.getppid()) == os.environ.get(LAUNCHER_PID)
 
-    Only the launcher's own children, not processes that they start in turn and that inherit
-    the environment: those would report their exceptions as the launched process's.
-    """
-    if not launched() or str(os.getppid()) != os.environ.get(LAUNCHER_PID):
-        return
-    _die_with_launcher()
-    _report_uncaught_exceptions(int(os.environ[PROCESS_ID]), os.environ.get(REPORT_FD))
+
+def install() -> None:
+    """Ties a process that the launcher started to the launcher: killed outright, the launcher
+    takes it with it."""
+    if _child():
+        _die_with_launcher()
 
 
 def _die_with_launcher() -> None:
@@ -55,19 +57,17 @@ def _die_with_launcher() -> None:
         return
 
 
-def _report_uncaught_exceptions(index: int, report_fd: str | None) -> None:
-    # After jax.distributed.initialize(), a process that raises does not exit: JAX's exit
-    # handler waits in the coordination service's shutdown barrier for peers that may be
-    # waiting on it in a collective. So the process says that it failed as soon as the
-    # traceback is printed, and the launcher stops every process.
-    if report_fd is None:
-        return
-    fd = int(report_fd)
-    previous = sys.excepthook
+def report_channel() -> Callable[[str], None] | None:
+    """In a process that the launcher started: a function that tells the launcher at once that
+    the process raised an exception of the type named, which the launcher then stops every
+    process for; else None."""
+    report_fd = os.environ.get(REPORT_FD)
+    if not _child() or report_fd is None:
+        return None
+    index, fd = int(os.environ[PROCESS_ID]), int(report_fd)
 
-    def print_then_report(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
-        previous(exc_type, exc, tb)
+    def report(exc_type: str) -> None:
         with contextlib.suppress(OSError):
-            os.write(fd, f"{index} {exc_type.__name__}\n".encode())
+            os.write(fd, f"{index} {exc_type}\n".encode())
 
-    sys.excepthook = print_then_report
+    return report

@@ -25,7 +25,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -149,6 +149,14 @@ class Launcher:
         when stopped by signal N."""
         if self.children:
             raise RuntimeError("a Launcher runs once")
+        around = engine_around(os.environ)
+        if around is not None:
+            self._say(
+                f"inside {around}: this run is a job of its own, of {self.nproc} processes on "
+                "this machine (--nproc), joined through its own coordinator; to run in the "
+                "job's processes, start the script with the job's engine instead (srun, "
+                "mpirun), without the launcher"
+            )
         started = time.monotonic()
         deadline = None if self.timeout is None else started + self.timeout
         address = f"127.0.0.1:{_free_loopback_port()}"
@@ -345,6 +353,19 @@ class Launcher:
 
     def _say(self, message: str) -> None:
         _write(self._stderr, f"fastpjit.launch: {message}\n".encode())
+
+
+def engine_around(env: Mapping[str, str]) -> str | None:
+    """The job of another engine that `env` is in (SLURM, Open MPI, a JAX_NUM_PROCESSES job),
+    with its process count, if any."""
+    if "SLURM_JOB_ID" in env:
+        tasks = env.get("SLURM_NTASKS") or env.get("SLURM_NPROCS")
+        return f"SLURM job {env['SLURM_JOB_ID']}" + (f" of {tasks} tasks" if tasks else "")
+    if "OMPI_COMM_WORLD_SIZE" in env:
+        return f"an Open MPI job of {env['OMPI_COMM_WORLD_SIZE']} processes"
+    if "JAX_NUM_PROCESSES" in env:
+        return f"a job of {env['JAX_NUM_PROCESSES']} processes (JAX_NUM_PROCESSES)"
+    return None
 
 
 def _signal_group(pgid: int, signum: int) -> None:

@@ -13,7 +13,8 @@ consumer:
 - `xla_compile`: fastpjit's compiles through jaxlib's PjRt client, shared by the misses and
   compile_hlo;
 - `hlo_backend`: compile_hlo's reading, compiling and running of other frontends' modules;
-- `cluster_env`: the cluster environment of `python -m fastpjit.launch`'s processes.
+- `cluster_env`: fastpjit's part in `jax.distributed.initialize()`: the cluster environments
+  of the launcher's processes and of `JAX_NUM_PROCESSES`/`JAX_PROCESS_ID`, and a hook after it.
 """
 
 from __future__ import annotations

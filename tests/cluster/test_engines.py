@@ -1,0 +1,112 @@
+"""fastpjit's multi-process support under the engines that clusters run, for real: a one-machine
+SLURM cluster (`srun`) and Open MPI (`mpirun`), 2 processes × 4 CPU devices on loopback.
+
+The same scripts as under `python -m fastpjit.launch` (`tests/multiprocess_checks.py`,
+`tests/multiprocess_failures.py`), unchanged: JAX's own detection of each engine joins the
+processes.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import engines
+import pytest
+
+TESTS = Path(__file__).parent.parent
+CHECKS = [
+    "index_maps",
+    "jit_over_a_global_mesh",
+    "device_put_across_processes",
+    "pmap_of_host_local_rows",
+    "pmap_collectives_across_processes",
+    "pmap_axes_statics_and_scalars_across_processes",
+    "pmap_donation_across_processes",
+    "make_array_1d_mesh",
+    "make_array_2d_mesh",
+    "make_array_dtypes_and_layouts",
+    "make_array_bad_input",
+    "make_array_counts_what_jax_does",
+    "bound_function_across_processes",
+    "warm_up_across_processes",
+    "stats_across_processes",
+]
+# How each engine labels a process's lines: srun's `--label`, mpirun's `--tag-output`.
+LABELS = {"srun": r"^(\d+): ", "mpirun": r"^\[\d+,(\d+)\]<std(?:out|err)>:"}
+JOB_TIMEOUT_S = 240
+# How long after a process fails the whole job may take to end.
+ENDS_WITHIN_S = 10
+
+
+def command(engine: str, slurm: engines.Slurm | None, argv: list[str]) -> list[str]:
+    if engine == "srun":
+        assert slurm is not None
+        return slurm.srun(argv)
+    return engines.mpirun(argv)
+
+
+@pytest.fixture(params=["srun", "mpirun"])
+def engine(request, installed) -> tuple[str, engines.Slurm | None]:
+    if request.param == "srun":
+        return "srun", request.getfixturevalue("slurm")
+    return "mpirun", None
+
+
+def run(engine: tuple[str, engines.Slurm | None], argv: list[str]) -> tuple[int, str, float]:
+    """Runs `argv` as a job of the engine: its exit status, output, and when it ended."""
+    name, slurm = engine
+    done = subprocess.run(
+        command(name, slurm, argv),
+        env=slurm.env() if slurm is not None else None,
+        capture_output=True,
+        text=True,
+        timeout=JOB_TIMEOUT_S,
+        check=False,
+    )
+    return done.returncode, done.stdout + done.stderr, time.time()
+
+
+def by_process(engine: str, output: str) -> dict[int, list[str]]:
+    lines: dict[int, list[str]] = {}
+    for line in output.splitlines():
+        found = re.match(LABELS[engine], line)
+        if found:
+            lines.setdefault(int(found.group(1)), []).append(line[found.end() :].strip())
+    return lines
+
+
+@pytest.mark.timeout(JOB_TIMEOUT_S + 60)
+def test_every_multiprocess_check_passes_in_both_processes(engine):
+    status, output, _ = run(engine, engines.python(TESTS / "multiprocess_checks.py"))
+    lines = by_process(engine[0], output)
+    verdicts = {
+        process: dict(re.findall(r"^CHECK (\w+) (\w+)$", "\n".join(found), re.M))
+        for process, found in lines.items()
+    }
+    report = f"{engine[0]} exited {status}; output:\n{output[-12000:]}"
+    assert sorted(verdicts) == [0, 1], report
+    for process in (0, 1):
+        assert verdicts[process] == dict.fromkeys(CHECKS, "ok"), report
+    assert status == 0, report
+
+
+@pytest.mark.timeout(JOB_TIMEOUT_S + 60)
+@pytest.mark.parametrize("mode", ["raises", "killed"])
+def test_a_failed_process_ends_the_job_within_seconds(engine, mode):
+    # Process 1 fails while process 0 waits for it in a collective; the engine ends the job
+    # (mpirun aborts it; srun, with --kill-on-bad-exit, sends SIGTERM to process 0, which
+    # JAX's preemption notifier would otherwise take).
+    status, output, ended = run(engine, engines.python(TESTS / "multiprocess_failures.py", mode))
+    report = f"{engine[0]} exited {status}; output:\n{output[-6000:]}"
+    failed_at = re.search(r"failing at ([\d.]+)", output)
+    assert failed_at is not None, report
+    took = ended - float(failed_at.group(1))
+    print(f"{engine[0]}, process 1 {mode}: the job ended {took:.1f} s later, status {status}")
+    assert status != 0, report
+    assert "the collective finished" not in output, report
+    assert took < ENDS_WITHIN_S, report
+    if mode == "raises":
+        assert "ValueError: process 1 fails on purpose" in output, report
