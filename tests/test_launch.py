@@ -17,7 +17,7 @@ import pytest
 from jax._src import clusters
 
 from fastpjit import _launched
-from fastpjit._jax.cluster_env import LaunchedCluster
+from fastpjit._jax.cluster_env import JaxVariablesCluster, LaunchedCluster
 from fastpjit.launch import STOP_GRACE_S, TIMEOUT_STATUS, Launcher
 
 LAUNCH = [sys.executable, "-m", "fastpjit.launch"]
@@ -290,3 +290,47 @@ def test_jax_finds_the_launch_before_any_other_cluster(monkeypatch):
     assert detected == ("127.0.0.1:5000", 2, 1, [1])
     monkeypatch.delenv(_launched.PROCESS_ID)
     assert not LaunchedCluster.is_env_present()
+
+
+def test_jax_s_own_detectors_come_before_jax_variables(monkeypatch):
+    # JAX_NUM_PROCESSES and JAX_PROCESS_ID (Kubeflow, Ray) are read only where JAX detects no
+    # cluster: inside a SLURM job, SLURM's variables win.
+    for name, value in {
+        "JAX_COORDINATOR_ADDRESS": "10.0.0.5:1234",
+        "JAX_NUM_PROCESSES": "4",
+        "JAX_PROCESS_ID": "3",
+    }.items():
+        monkeypatch.setenv(name, value)
+    assert clusters.ClusterEnv._cluster_types[-1] is JaxVariablesCluster
+    detected = clusters.ClusterEnv.auto_detect_unset_distributed_params(
+        None, None, None, None, None, 300
+    )
+    assert detected == ("10.0.0.5:1234", 4, 3, None)
+    monkeypatch.delenv("JAX_PROCESS_ID")
+    monkeypatch.setenv("JOB_COMPLETION_INDEX", "2")  # a Kubernetes Indexed Job's pod
+    assert JaxVariablesCluster.get_process_id() == 2
+    monkeypatch.setenv("JAX_NUM_PROCESSES", "four")
+    with pytest.raises(ValueError, match="JAX_NUM_PROCESSES must be an integer, got 'four'"):
+        JaxVariablesCluster.get_process_count()
+    monkeypatch.setenv("JAX_NUM_PROCESSES", "4")
+    for name, value in {"SLURM_JOB_ID": "1", "SLURM_NTASKS": "2", "SLURM_PROCID": "1"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("SLURM_STEP_NODELIST", "node0")
+    monkeypatch.setenv("SLURM_LOCALID", "1")
+    detected = clusters.ClusterEnv.auto_detect_unset_distributed_params(
+        None, None, None, None, None, 300
+    )
+    assert detected[1:3] == (2, 1)
+
+
+def test_the_launcher_says_which_job_it_runs_inside_another(tmp_path, monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    monkeypatch.setenv("SLURM_NTASKS", "3")
+    path = script(tmp_path, "import os; print(os.environ['FASTPJIT_NUM_PROCESSES'])")
+    status, out, err, _ = run(path, 2)
+    assert status == 0, err
+    assert out.splitlines() == ["[0] 2", "[1] 2"]
+    assert err.startswith(
+        "fastpjit.launch: inside SLURM job 42 of 3 tasks: this run is a job of its own, of 2 "
+        "processes on this machine (--nproc)"
+    ), err

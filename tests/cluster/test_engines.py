@@ -34,8 +34,9 @@ CHECKS = [
     "warm_up_across_processes",
     "stats_across_processes",
 ]
-# How each engine labels a process's lines: srun's `--label`, mpirun's `--tag-output`.
-LABELS = {"srun": r"^(\d+): ", "mpirun": r"^\[\d+,(\d+)\]<std(?:out|err)>:"}
+# How each engine labels what a process prints: srun's `--label` at the start of each line,
+# mpirun's `--tag-output` at the start of each piece it relays (a line's end may come apart).
+LABELS = {"srun": r"(?m)^(\d+): ", "mpirun": r"\[\d+,(\d+)\]<stdout>:"}
 JOB_TIMEOUT_S = 240
 # How long after a process fails the whole job may take to end.
 ENDS_WITHIN_S = 10
@@ -69,23 +70,14 @@ def run(engine: tuple[str, engines.Slurm | None], argv: list[str]) -> tuple[int,
     return done.returncode, done.stdout + done.stderr, time.time()
 
 
-def by_process(engine: str, output: str) -> dict[int, list[str]]:
-    lines: dict[int, list[str]] = {}
-    for line in output.splitlines():
-        found = re.match(LABELS[engine], line)
-        if found:
-            lines.setdefault(int(found.group(1)), []).append(line[found.end() :].strip())
-    return lines
-
-
 @pytest.mark.timeout(JOB_TIMEOUT_S + 60)
 def test_every_multiprocess_check_passes_in_both_processes(engine):
     status, output, _ = run(engine, engines.python(TESTS / "multiprocess_checks.py"))
-    lines = by_process(engine[0], output)
-    verdicts = {
-        process: dict(re.findall(r"^CHECK (\w+) (\w+)$", "\n".join(found), re.M))
-        for process, found in lines.items()
-    }
+    verdicts: dict[int, dict[str, str]] = {}
+    for process, name, verdict in re.findall(
+        LABELS[engine[0]] + r"CHECK (\w+) (ok|FAILED)", output
+    ):
+        verdicts.setdefault(int(process), {})[name] = verdict
     report = f"{engine[0]} exited {status}; output:\n{output[-12000:]}"
     assert sorted(verdicts) == [0, 1], report
     for process in (0, 1):
