@@ -16,7 +16,7 @@ export JAX_PLATFORMS ?= cpu
 # venv and its own cargo target folder, so that switching lines rebuilds nothing.
 LINES ?= 3.11:0.10.2 3.12:0.11.2 3.13:0.12.0.1
 
-.PHONY: demo serve test test-all test-cluster build venv rust-test rust-test-bindings py-test lint bench clean
+.PHONY: demo serve test test-all test-cluster py-cluster-test build venv rust-test rust-test-bindings py-test lint bench clean
 
 demo: build
 	$(PY) examples/demo.py
@@ -62,10 +62,10 @@ rust-test-bindings: build
 	CARGO_TARGET_DIR=$${CARGO_TARGET_DIR:-target}/bindings-test \
 		cargo test --quiet -p fastpjit-bindings -- --test-threads=1
 
-# `make test` on each line of LINES, each in its own .venv-<python> and cargo target folder
-# (the pure-Rust core's tests, which no line changes, run once), with the Pythons that the
-# machine has (pyenv's included); then which line passed, failed, or had no Python here, which
-# fails too.
+# `make test` and the cluster tests on each line of LINES, each in its own .venv-<python> and
+# cargo target folder (the pure-Rust core's tests, which no line changes, run once), with the
+# Pythons that the machine has (pyenv's included); then which line passed, failed, or had no
+# Python here, which fails too.
 test-all: rust-test
 	@summary=""; status=0; \
 	for line in $(LINES); do \
@@ -75,8 +75,9 @@ test-all: rust-test
 			status=1; continue; \
 		fi; \
 		echo "=== jax $$jax on CPython $$version ($$python)"; \
-		if $(MAKE) --no-print-directory build rust-test-bindings py-test PYTHON=$$python \
-			VENV=.venv-$$version JAX=$$jax CARGO_TARGET_DIR=target/py$$version; then \
+		if $(MAKE) --no-print-directory build rust-test-bindings py-test py-cluster-test \
+			PYTHON=$$python VENV=.venv-$$version JAX=$$jax CARGO_TARGET_DIR=target/py$$version; \
+		then \
 			summary="$$summary\n  jax $$jax on CPython $$version: passed"; \
 		else \
 			summary="$$summary\n  jax $$jax on CPython $$version: FAILED"; status=1; \
@@ -89,7 +90,9 @@ py-test:
 
 # Multi-process runs under real SLURM (a one-machine cluster on loopback) and Open MPI,
 # installed from Debian's packages where missing (as root); tests/cluster/engines.py.
-test-cluster: build
+test-cluster: build py-cluster-test
+
+py-cluster-test:
 	FASTPJIT_CLUSTER_TESTS=1 $(PY) -m pytest -q -rP tests/cluster
 
 lint: build

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+from lines import ON_0_10
 
 from fastpjit.launch import STOP_GRACE_S, Launcher
 
@@ -273,3 +274,96 @@ def test_processes_find_each_other_in_jax_s_variables(kind):
         assert process.returncode == 0, err[-4000:]
         # 4 devices of 1s and 4 of 2s.
         assert f"process {index} of 2: total 12.0" in out, (out, err[-4000:])
+
+
+# --- Mutual TLS with the coordinator ---------------------------------------------------------
+
+
+def certificates(directory) -> dict[str, str]:
+    """A certificate authority and one certificate for 127.0.0.1 that it signed, made by
+    openssl, as the launcher's --mtls-* options take them."""
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=directory, capture_output=True, check=True)
+
+    openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=fastpjit test CA",
+    )
+    openssl(
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "node.key",
+        "-out",
+        "node.csr",
+        "-subj",
+        "/CN=localhost",
+    )
+    (directory / "ext.cnf").write_text(
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n"
+    )
+    openssl(
+        "x509",
+        "-req",
+        "-in",
+        "node.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "node.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "ext.cnf",
+    )
+    return {
+        "--mtls-cert-file": str(directory / "node.pem"),
+        "--mtls-key-file": str(directory / "node.key"),
+        "--mtls-ca-file": str(directory / "ca.pem"),
+    }
+
+
+@pytest.mark.timeout(150)
+def test_the_launcher_passes_mutual_tls_through_where_jax_has_it(tmp_path):
+    options = [arg for pair in certificates(tmp_path).items() for arg in pair]
+    done = subprocess.run(
+        [*LAUNCH, *options, "--timeout", "100", str(HERE / "multiprocess_variables.py")],
+        capture_output=True,
+        text=True,
+        timeout=130,
+        check=False,
+    )
+    if ON_0_10:  # jax 0.10.2 would ignore JAX_MTLS_*: the launcher refuses
+        assert done.returncode == 2, done.stderr
+        assert "--mtls-cert-file: this JAX has no mutual TLS for jax.distributed's" in done.stderr
+        return
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "[0] process 0 of 2: total 12.0" in done.stdout, done.stdout
+    # A process without its certificate cannot join.
+    ca_only = ["--mtls-ca-file", str(tmp_path / "ca.pem")]
+    done = subprocess.run(
+        [*LAUNCH, *ca_only, "--timeout", "100", str(HERE / "multiprocess_variables.py")],
+        capture_output=True,
+        text=True,
+        timeout=130,
+        check=False,
+    )
+    assert done.returncode != 0 and "total" not in done.stdout, done.stdout
+    assert "mTLS configuration is missing the certificate" in done.stderr, done.stderr[-4000:]

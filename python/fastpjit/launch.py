@@ -434,6 +434,15 @@ def _positive(kind: type) -> Callable[[str], Any]:
     return parse
 
 
+# The launcher's options for jax.distributed's mutual TLS, which each process gets as JAX's
+# variables (--mtls-cert-file PATH: JAX_MTLS_CERT_FILE=PATH).
+MTLS_OPTIONS = {
+    "mtls-cert-file": "each process's certificate (PEM)",
+    "mtls-key-file": "its private key (PEM)",
+    "mtls-ca-file": "the certificate authority that signed the processes' certificates (PEM)",
+}
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m fastpjit.launch",
@@ -458,6 +467,12 @@ def _parser() -> argparse.ArgumentParser:
         metavar="S",
         help="stop every process after S seconds (exit status 124)",
     )
+    for name, what in MTLS_OPTIONS.items():
+        parser.add_argument(
+            f"--{name}",
+            metavar="PATH",
+            help=f"mutual TLS with the coordinator: {what} (JAX 0.11.2 and newer)",
+        )
     parser.add_argument("script", help="the Python script that every process runs")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
     return parser
@@ -468,6 +483,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = parser.parse_args(argv)
     if not os.path.isfile(options.script):
         parser.error(f"no such script: {options.script}")
+    mtls = {name: getattr(options, name.replace("-", "_")) for name in MTLS_OPTIONS}
+    mtls = {name: path for name, path in mtls.items() if path is not None}
+    if mtls:
+        from fastpjit._jax import line  # imports JAX, which the launcher needs only here
+
+        if not line.COORDINATOR_MTLS:
+            parser.error(
+                f"--{next(iter(mtls))}: this JAX has no mutual TLS for jax.distributed's "
+                "coordinator (it came with jax 0.11.2)"
+            )
+        for name, path in mtls.items():
+            if not os.path.isfile(path):
+                parser.error(f"--{name}: no such file: {path}")
+            os.environ[f"JAX_{name.replace('-', '_').upper()}"] = os.path.abspath(path)
     launcher = Launcher(
         options.script,
         options.args,

@@ -61,6 +61,10 @@ ON_0_10 = CURRENT == "0.10"
 
 # --- What differs, each chosen here once ----------------------------------------------------
 
+# Mutual TLS between jax.distributed's coordinator and its processes, from the jax_mtls_*
+# options (JAX_MTLS_CERT_FILE, ...): 0.11.2 added it; 0.10.2 would ignore the variables.
+COORDINATOR_MTLS = not ON_0_10
+
 # The states that only JAX's jit key holds, beyond its trace context: the trace state (a weak
 # reference to the active trace, so that a call made while a trace is active misses and is
 # staged), set_mesh's concrete mesh (two meshes of one abstract mesh trace alike; in
