@@ -4,8 +4,8 @@ launcher, `srun`, `mpirun`, a Kubernetes Job): at once, so that the engine ends 
 After `jax.distributed.initialize()`, a failing process would not end by itself:
 
 - an uncaught exception leaves it in JAX's exit handler, which waits in the coordination
-  service's shutdown barrier for peers that may be waiting on it in a collective (until gloo's
-  or NCCL's timeout, 30 s and more);
+  service's shutdown barrier for peers that may be waiting on it in a collective (a
+  two-process job on gloo had not ended 200 s later, under `srun` or `mpirun`);
 - SIGTERM, with which SLURM (`--kill-on-bad-exit`, `scancel`) and `mpirun` stop the other
   processes of a failed job, is taken by JAX's preemption notifier, which only notes it; SLURM
   kills the process after its `KillWait` (30 s by default).

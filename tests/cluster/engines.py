@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 PACKAGES = ("slurm-wlm", "munge", "openmpi-bin")
-COMMANDS = ("srun", "sinfo", "scancel", "slurmctld", "slurmd", "munged", "mpirun")
+COMMANDS = ("srun", "sbatch", "sinfo", "scancel", "slurmctld", "slurmd", "munged", "mpirun")
 NPROC = 2
 LOCAL_DEVICES = 4
 # What every process of a job needs beyond the caller's environment.
@@ -154,6 +154,18 @@ class Slurm:
             f"--export=ALL,{exports}",
             *argv,
         ]
+
+    def sbatch(self, script: Path) -> subprocess.CompletedProcess[str]:
+        """Submits a batch script and waits for its job to end."""
+        return subprocess.run(
+            ["sbatch", "--wait", str(script)],
+            env=self.env(),
+            cwd=script.parent,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
 
     def _daemon(self, *argv: str) -> None:
         log = (self.directory / "log" / f"{argv[0]}.out").open("wb")

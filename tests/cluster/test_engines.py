@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -102,3 +103,25 @@ def test_a_failed_process_ends_the_job_within_seconds(engine, mode):
     assert took < ENDS_WITHIN_S, report
     if mode == "raises":
         assert "ValueError: process 1 fails on purpose" in output, report
+
+
+# The batch script of docs/multiprocess.md, with this interpreter and script.
+BATCH_SCRIPT = """#!/bin/bash
+#SBATCH --ntasks=2
+#SBATCH --output=job.out
+export JAX_NUM_CPU_DEVICES=4 JAX_PLATFORMS=cpu
+srun --kill-on-bad-exit=1 {python} {script}
+"""
+
+
+@pytest.mark.timeout(JOB_TIMEOUT_S + 60)
+def test_a_batch_script_runs_its_processes_as_one_program(slurm, tmp_path):
+    script = tmp_path / "train.sbatch"
+    script.write_text(
+        BATCH_SCRIPT.format(python=sys.executable, script=TESTS / "multiprocess_variables.py")
+    )
+    done = slurm.sbatch(script)
+    output = (tmp_path / "job.out").read_text() if (tmp_path / "job.out").exists() else ""
+    assert done.returncode == 0, (done.stdout, done.stderr, output)
+    for index in (0, 1):
+        assert f"process {index} of 2: total 12.0" in output, output
