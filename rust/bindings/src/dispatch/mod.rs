@@ -340,7 +340,8 @@ impl JitFunction {
             Handover::Placements => self.stats.count(Counter::Delegated),
             Handover::Unkeyable => self.stats.count(Counter::HandedOver),
         }
-        Some(guarding_jax_call(|| jitted.bind(py).call(args, kwargs)))
+        // Never inside `no_recompiles`, whose calls are not delegated.
+        Some(jitted.bind(py).call(args, kwargs))
     }
 
     /// The cache entry of `call`: among the latest calls' entries where `recent` (compared only
@@ -394,11 +395,18 @@ impl JitFunction {
             self.count_fallback(reason);
             self.stats.count(Counter::JaxCall);
         }
-        // Outside traces, a function whose calls keep going here hands them to jax.jit's
+        // jax.jit's own function where it is made (it is what the fallback calls), without
+        // the Python frames on the way; and whether this function has one.
+        let (made, has_dispatch) = match &*lock(&self.jax_dispatch) {
+            JaxDispatch::Made(jitted) => (Some(jitted.clone_ref(py).into_bound(py)), true),
+            JaxDispatch::Maker { .. } => (None, true),
+            JaxDispatch::None => (None, false),
+        };
+        // Outside traces, a function whose calls keep coming here hands them to jax.jit's
         // dispatch before reading them (see `Delegation`).
-        if !traced
+        if has_dispatch
+            && !traced
             && (reason == self.reasons.unkeyable || reason == self.reasons.deep)
-            && !matches!(*lock(&self.jax_dispatch), JaxDispatch::None)
         {
             self.delegation.after_unkeyable();
         }
@@ -406,12 +414,6 @@ impl JitFunction {
             // JAX runs it op by op, as the user asked; its compiles are not this call's.
             return Self::callable(py, &self.fallback)?.call(args, kwargs);
         }
-        // jax.jit's own function where it is made (it is what the fallback calls), without
-        // the Python frames on the way.
-        let made = match &*lock(&self.jax_dispatch) {
-            JaxDispatch::Made(jitted) => Some(jitted.clone_ref(py).into_bound(py)),
-            _ => None,
-        };
         let fallback = match made {
             Some(jitted) => jitted,
             None => Self::callable(py, &self.fallback)?,
