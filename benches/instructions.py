@@ -36,6 +36,7 @@ from jax.sharding import NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
 
 import fastpjit
+from fastpjit.bench import calls
 
 CALLS = (100, 300)
 OUT_DIR = Path("/tmp/fastpjit-cg")
@@ -83,6 +84,8 @@ def _cases() -> dict[str, tuple[Any, tuple[Any, ...], dict[str, Any], dict[str, 
         "f(x) → 3 outputs": (outputs(3), (x,), {}),
         "f(x) → 10 outputs": (outputs(10), (x,), {}),
         "f(x) → 32 outputs": (outputs(32), (x,), {}),
+        "f(registered dataclass)": (calls.registered_step, (calls.Registered(x, x),), {}),
+        "f(x) → tree of outputs": (calls.tree_out, (x,), {}),
         # Calls that fastpjit hands to JAX: an argument it cannot key.
         "f(x, ndarray subclass)": (add, (x, np.ones((8, 4), np.float32).view(SubArray)), {}),
         "f(params, ndarray subclass), 100 leaves": (
@@ -95,6 +98,7 @@ def _cases() -> dict[str, tuple[Any, tuple[Any, ...], dict[str, Any], dict[str, 
         "8 dev: f(x) → 3 outputs": (outputs(3), (x8,), {}),
     }
     cases = {name: (*case, {}) for name, case in cases.items()}
+    cases["f(x, 3), static argnum"] = (calls.scale_static, (x, 3), {}, {"static_argnums": 1})
     # Uncommitted arrays on device 0, copied to the executable's device 1.
     cases["f(x) on dev 1, x uncommitted on 0"] = (inc, (jnp.ones((8, 4)),), {}, on_device_1)
     cases["f(x) on dev 1, new x uncommitted"] = (

@@ -161,8 +161,9 @@ def _pmap_sides(fun, args, options):
     }
 
 
-# How each engine labels process 0's lines.
-PROCESS_0 = {"launch": r"^\[0\] ", "srun": r"^0: ", "mpirun": r"^\[\d+,0\]<stdout>:"}
+# How each engine labels what process 0 prints: the launcher and srun each line, mpirun each
+# piece it relays (where a line's end may come apart from its start).
+PROCESS_0 = {"launch": r"(?m)^\[0\] ", "srun": r"(?m)^0: ", "mpirun": r"\[\d+,0\]<stdout>:"}
 
 
 def main() -> None:
@@ -195,11 +196,9 @@ def main() -> None:
     finally:
         if slurm is not None:
             slurm.stop()
-    table = [
-        re.sub(PROCESS_0[engine], "", line)
-        for line in done.stdout.splitlines()
-        if re.match(PROCESS_0[engine] + r"\|", line)
-    ]
+    # Process 0's table: its lines, labels taken out, that start a row.
+    ours = re.sub(PROCESS_0[engine], "\n", done.stdout)
+    table = [line.rstrip() for line in ours.splitlines() if line.startswith("|")]
     if done.returncode != 0 or not table:
         sys.exit(
             f"the run failed ({done.returncode}):\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
