@@ -481,6 +481,42 @@ def stats_across_processes():
     assert counts["compiles"] == 1 and counts["fallbacks"] == {}, counts
 
 
+# --- The same global computation as one process runs it -----------------------------------
+
+
+def global_results() -> dict[str, np.ndarray]:
+    """A jit over a 2×4 mesh and a pmap with a psum, on the same global data in any number of
+    processes (each passes the part that its devices hold), gathered whole to the host: one
+    process with 8 devices computes the same values (integers, exact in float32)."""
+    from jax.experimental import multihost_utils
+
+    mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("x", "y"))
+    _, x = global_array(NamedSharding(mesh, P("x", "y")), (8, 8))
+    outs = fastpjit.jit(lambda a, b: (a * 2 + b, a.T, jnp.sum(a, axis=0), a @ a.T))(x, 1.5)
+    rows = np.arange(24, dtype=np.float32).reshape(8, 3)
+    local = jax.local_device_count()
+    mine = rows[jax.process_index() * local : (jax.process_index() + 1) * local]
+    summed = fastpjit.pmap(lambda v: v + jax.lax.psum(v, "i"), axis_name="i")(mine)
+    gathered = [multihost_utils.process_allgather(out, tiled=True) for out in outs]
+    gathered.append(multihost_utils.process_allgather(summed, tiled=True))
+    names = ("jit elementwise", "jit transpose", "jit column sums", "jit matmul", "pmap psum")
+    return {name: np.asarray(value) for name, value in zip(names, gathered, strict=True)}
+
+
+@check
+def results_as_one_process_computes_them():
+    """Prints each global result's digest, which the tests compare with one process's."""
+    for name, value in global_results().items():
+        print(f"RESULT {name.replace(' ', '_')} {digest(value)}", flush=True)
+
+
+def digest(value: np.ndarray) -> str:
+    import hashlib
+
+    shape = "x".join(map(str, value.shape))
+    return f"{value.dtype}-{shape}-{hashlib.sha256(value.tobytes()).hexdigest()[:16]}"
+
+
 def main() -> int:
     jax.distributed.initialize()
     assert jax.process_count() == NUM_PROCESSES, jax.process_count()

@@ -78,10 +78,27 @@ def checks() -> ChecksRun:
         "bound_function_across_processes",
         "warm_up_across_processes",
         "stats_across_processes",
+        "results_as_one_process_computes_them",
     ],
 )
 def test_two_processes_agree_with_jax(checks, name):
     checks.assert_passed(name)
+
+
+def one_process_results() -> dict[str, str]:
+    """The digests of `multiprocess_checks.global_results()` computed by this process alone,
+    on its 8 devices."""
+    from multiprocess_checks import digest, global_results
+
+    return {name.replace(" ", "_"): digest(value) for name, value in global_results().items()}
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 60)
+def test_two_processes_compute_what_one_process_does(checks):
+    expected = one_process_results()
+    for process in (0, 1):
+        found = re.findall(rf"^\[{process}\] RESULT (\S+) (\S+)$", checks.output, re.M)
+        assert dict(found) == expected, checks.output[-6000:]
 
 
 @pytest.mark.timeout(RUN_TIMEOUT_S + 60)

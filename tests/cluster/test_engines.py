@@ -16,6 +16,7 @@ from pathlib import Path
 
 import engines
 import pytest
+from test_multiprocess import one_process_results
 
 TESTS = Path(__file__).parent.parent
 CHECKS = [
@@ -34,6 +35,7 @@ CHECKS = [
     "bound_function_across_processes",
     "warm_up_across_processes",
     "stats_across_processes",
+    "results_as_one_process_computes_them",
 ]
 # How each engine labels what a process prints: srun's `--label` at the start of each line,
 # mpirun's `--tag-output` at the start of each piece it relays (a line's end may come apart).
@@ -84,6 +86,12 @@ def test_every_multiprocess_check_passes_in_both_processes(engine):
     for process in (0, 1):
         assert verdicts[process] == dict.fromkeys(CHECKS, "ok"), report
     assert status == 0, report
+    # The global results equal those of one process computing them on 8 devices.
+    expected = one_process_results()
+    results: dict[int, dict[str, str]] = {}
+    for process, name, found in re.findall(LABELS[engine[0]] + r"RESULT (\w+) ([\w-]+)", output):
+        results.setdefault(int(process), {})[name] = found
+    assert results == {0: expected, 1: expected}, report
 
 
 @pytest.mark.timeout(JOB_TIMEOUT_S + 60)
