@@ -59,28 +59,29 @@ def checks() -> ChecksRun:
     return run
 
 
+# Every check of multiprocess_checks.py, in its order (the cluster tests run them too).
+CHECKS = [
+    "index_maps",
+    "jit_over_a_global_mesh",
+    "device_put_across_processes",
+    "pmap_of_host_local_rows",
+    "pmap_collectives_across_processes",
+    "pmap_axes_statics_and_scalars_across_processes",
+    "pmap_donation_across_processes",
+    "make_array_1d_mesh",
+    "make_array_2d_mesh",
+    "make_array_dtypes_and_layouts",
+    "make_array_bad_input",
+    "make_array_counts_what_jax_does",
+    "bound_function_across_processes",
+    "warm_up_across_processes",
+    "stats_across_processes",
+    "results_as_one_process_computes_them",
+]
+
+
 @pytest.mark.timeout(RUN_TIMEOUT_S + 60)
-@pytest.mark.parametrize(
-    "name",
-    [
-        "index_maps",
-        "jit_over_a_global_mesh",
-        "device_put_across_processes",
-        "pmap_of_host_local_rows",
-        "pmap_collectives_across_processes",
-        "pmap_axes_statics_and_scalars_across_processes",
-        "pmap_donation_across_processes",
-        "make_array_1d_mesh",
-        "make_array_2d_mesh",
-        "make_array_dtypes_and_layouts",
-        "make_array_bad_input",
-        "make_array_counts_what_jax_does",
-        "bound_function_across_processes",
-        "warm_up_across_processes",
-        "stats_across_processes",
-        "results_as_one_process_computes_them",
-    ],
-)
+@pytest.mark.parametrize("name", CHECKS)
 def test_two_processes_agree_with_jax(checks, name):
     checks.assert_passed(name)
 

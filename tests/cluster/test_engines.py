@@ -16,27 +16,9 @@ from pathlib import Path
 
 import engines
 import pytest
-from test_multiprocess import one_process_results
+from test_multiprocess import CHECKS, one_process_results
 
 TESTS = Path(__file__).parent.parent
-CHECKS = [
-    "index_maps",
-    "jit_over_a_global_mesh",
-    "device_put_across_processes",
-    "pmap_of_host_local_rows",
-    "pmap_collectives_across_processes",
-    "pmap_axes_statics_and_scalars_across_processes",
-    "pmap_donation_across_processes",
-    "make_array_1d_mesh",
-    "make_array_2d_mesh",
-    "make_array_dtypes_and_layouts",
-    "make_array_bad_input",
-    "make_array_counts_what_jax_does",
-    "bound_function_across_processes",
-    "warm_up_across_processes",
-    "stats_across_processes",
-    "results_as_one_process_computes_them",
-]
 # How each engine labels what a process prints: srun's `--label` at the start of each line,
 # mpirun's `--tag-output` at the start of each piece it relays (a line's end may come apart).
 LABELS = {"srun": r"(?m)^(\d+): ", "mpirun": r"\[\d+,(\d+)\]<stdout>:"}
