@@ -29,10 +29,7 @@ from fastpjit._jax.xla_compile import backend_compiles
 from fastpjit._shared import SharedCaches
 
 JAX_JIT, JAX_PMAP = jax_jit, jax_pmap
-DELEGATED = (
-    "jit: new numpy arrays or arrays on other devices, which JAX's C++ dispatch places for "
-    "less than jaxlib's Python API allows: JAX runs the call"
-)
+DELEGATED = "delegated"
 
 
 def counts(name: str) -> dict[str, Any]:
@@ -269,7 +266,7 @@ def test_a_plain_jit_training_loop_with_numpy_batches_and_a_key_is_bitwise_jax_s
     new = {r: n for r, n in new.items() if n}
     delegated = new.pop(DELEGATED, 0)
     assert after["cache_hits"] - before["cache_hits"] + delegated == 19
-    assert new == {"jit: JAX compiled the call: tokens or extended dtypes (PRNG keys)": 1}
+    assert new == {"jax_compiled.extended_dtypes": 1}
 
 
 # --- One cache per function and options ------------------------------------------------------
@@ -405,7 +402,7 @@ def test_a_moved_argument_is_one_fallback_per_call_under_the_function_s_name():
     for _ in range(3):
         f(a, b)
     after = counts(moves_both.__qualname__)
-    reason = "pmap: an argument moved to the executable's sharding by JAX"
+    reason = "moved_argument"
     assert after["fallbacks"][reason] - before["fallbacks"].get(reason, 0) == 3  # not 6
     assert after["cache_hits"] - before["cache_hits"] == 3
     assert after["calls"] - before["calls"] == 3
@@ -457,11 +454,8 @@ class SubArray(np.ndarray):
     """An ndarray subclass: JAX takes it, and fastpjit cannot key it."""
 
 
-UNKEYABLE = "jit: an argument is a tracer or not an array; JAX runs the call"
-HANDED_OVER = (
-    "jit: the latest calls had an argument that is not an array (or nested too deep), so "
-    "JAX's dispatch takes the calls, unread, until a recheck"
-)
+UNKEYABLE = "not_an_array"
+HANDED_OVER = "handed_over"
 
 
 def test_calls_fastpjit_cannot_key_go_to_jax_s_dispatch_unread_until_a_recheck():

@@ -110,8 +110,4 @@ def test_partition_specs_and_sharding_pytrees_go_to_jax_counted():
     ours = fastpjit.make_array_from_process_local_data(shardings, {"a": data})
     theirs = jax.make_array_from_process_local_data(shardings, {"a": data})
     assert_same_array(ours["a"], theirs["a"])
-    reason = (
-        "make_array_from_process_local_data: a PartitionSpec, or pytrees of shardings or "
-        "global shapes"
-    )
-    assert fastpjit.stats()["fallbacks"] == {reason: 2}
+    assert fastpjit.stats()["fallbacks"] == {"process_local.spec_or_trees": 2}

@@ -19,7 +19,13 @@ import fastpjit._jax  # noqa: F401
 
 # isort: on
 from fastpjit import _failures, _launched
-from fastpjit._core import __version__, reset_stats, set_host_pool_limit, stats
+from fastpjit._core import (
+    __version__,
+    fallback_reasons,
+    reset_stats,
+    set_host_pool_limit,
+    stats,
+)
 from fastpjit.bench import benchmark
 from fastpjit.errors import (
     DuplicateSpecError,
@@ -67,6 +73,7 @@ __all__ = [
     "device_replica_id_map",
     "devices_indices_map",
     "explain",
+    "fallback_reasons",
     "indices_array",
     "install",
     "installed",

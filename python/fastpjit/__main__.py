@@ -15,6 +15,7 @@ import sys
 from types import TracebackType
 
 import fastpjit
+from fastpjit._core import fallback_reasons
 from fastpjit._stats import Stats
 
 __all__ = ["main", "summary"]
@@ -55,9 +56,10 @@ def summary(stats: Stats | None = None) -> str:
         )
 
     lines = ["fastpjit summary:", line(headers), *map(line, rows)]
+    texts = fallback_reasons()
     for name, counts in sorted(functions.items()):
-        for reason, n in sorted(counts["fallbacks"].items(), key=lambda r: -r[1]):
-            lines.append(f"  {name}: {n} × {reason}")
+        for code, n in sorted(counts["fallbacks"].items(), key=lambda r: -r[1]):
+            lines.append(f"  {name}: {n} × {code}: {texts.get(code, code)}")
     return "\n".join(lines)
 
 

@@ -36,12 +36,10 @@ def stats_row(fun: Any) -> tuple[str, str]:
     return (f"{module}.{qualname}" if isinstance(module, str) else str(qualname)), place
 
 
-def dispatch_cache(fun: Any, static_argnums: Any, static_argnames: Any, kind: str) -> Any:
+def dispatch_cache(fun: Any, static_argnums: Any, static_argnames: Any) -> Any:
     """A new dispatch cache of `fun`'s, whose counts are `fun`'s row in `fastpjit.stats()`."""
     name, place = stats_row(fun)
-    return _core.DispatchCache(
-        name, list(static_argnums), list(static_argnames), kind=kind, place=place
-    )
+    return _core.DispatchCache(name, list(static_argnums), list(static_argnames), place=place)
 
 
 class FunctionCaches(NamedTuple):

@@ -41,8 +41,9 @@ class FunctionStats(TypedDict):
     # Calls made inside another function's trace (jax.jit, grad, vmap), which JAX stages.
     traced: int
     compiles: int
-    # Calls, or parts of calls, that took a slower correct path, by reason: the calls that JAX
-    # ran, a miss that JAX compiled, an argument that JAX moved on a hit.
+    # Calls, or parts of calls, that took a slower correct path, by the fallback's code (see
+    # `fallback_reasons()` and docs/fallbacks.md): the calls that JAX ran, a miss that JAX
+    # compiled, an argument that JAX moved on a hit.
     fallbacks: dict[str, int]
     # Present once a hit was timed.
     timing: NotRequired[Timing]

@@ -287,6 +287,13 @@ def miss_report(name: str, log: Any, args: tuple[Any, ...], kwargs: dict[str, An
 
 # -- explain ----------------------------------------------------------------------------------
 
+
+def _reason_text(code: str | None) -> str:
+    """A fallback's code with its text (`docs/fallbacks.md`)."""
+    text = _core.fallback_reasons().get(code) if code is not None else None
+    return f"{text} [{code}]" if text is not None else str(code)
+
+
 # What each input kind of a cache entry (the core's `plan::Input`) does with an argument.
 _INPUT_WORDS = {
     "pass": "passed as it is",
@@ -335,7 +342,7 @@ class Explanation:
         elif self.outcome == "miss":
             head = "a cache miss: this call would trace and compile"
         else:
-            head = f"a fallback to JAX: {self.reason}"
+            head = f"a fallback to JAX: {_reason_text(self.reason)}"
         lines = [f"{self.function}{kind}: {head}."]
         if self.note:
             lines.append(self.note)

@@ -110,9 +110,7 @@ def compile_hlo(
 
 def _function(program: _Program) -> HloFunction:
     # A bad argument's error shows the caller's frame, not fastpjit's checks.
-    cache = _core.DispatchCache(
-        program.name, [], [], kind=_KIND, capacity=_CACHE_CAPACITY, context=False
-    )
+    cache = _core.DispatchCache(program.name, [], [], capacity=_CACHE_CAPACITY, context=False)
     log = SignatureLog()
     function = HloFunction(
         api.api_boundary(program.run), api.api_boundary(log.noting(program.miss)), cache
@@ -270,7 +268,7 @@ class _Program:
         own = arg.sharding
         if own is sharding or own.is_equivalent_to(sharding, len(shape)):
             return arg, own
-        _core.count_fallback(f"{_KIND}: an argument moved to the executable's sharding by JAX")
+        _core.count_fallback("moved_argument")
         return rust_handles.shard_arg(arg, sharding), sharding
 
     def _where(self, i: int) -> str:

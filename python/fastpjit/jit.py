@@ -218,7 +218,7 @@ class Compiled(Bindable, _core.JitFunction):
         calls it."""
         log = SignatureLog()
         miss = _jax.api_boundary(log.noting(functools.partial(aot_cache_miss, compiled)))
-        cache = dispatch_cache(compiled if fun is None else fun, [], [], kind="compiled")
+        cache = dispatch_cache(compiled if fun is None else fun, [], [])
         wrapped = cls(compiled, miss, cache)
         wrapped._compiled, wrapped._fun = compiled, fun
         wrapped._signature_log = log
@@ -346,7 +346,7 @@ def _wrap(
         made.append(jitted)
         argnums, argnames = _jax.jit_static_args(jitted)
         return FunctionCaches(
-            dispatch_cache(fun, argnums, argnames, kind=_KINDS[kind]),
+            dispatch_cache(fun, argnums, argnames),
             SignatureLog((argnums, argnames)),
         )
 

@@ -96,7 +96,7 @@ def pmap(
 
     def new_caches() -> FunctionCaches:
         return FunctionCaches(
-            dispatch_cache(fun, statics, [], kind="pmap"),
+            dispatch_cache(fun, statics, []),
             SignatureLog((statics, ())),
         )
 

@@ -3,7 +3,7 @@
 Host values (numpy arrays and scalars, Python scalars) are sliced per device and placed by
 `fastpjit._core`; jax.Arrays that already have the target sharding come back as they are, as in
 JAX. What this module cannot place itself goes through jax.device_put, counted in
-`fastpjit.stats()["fallbacks"]` with the reason.
+`fastpjit.stats()["fallbacks"]` by its code (docs/fallbacks.md).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from fastpjit._jax import api as _jax
 __all__ = ["device_get", "device_put", "make_array_from_process_local_data"]
 
 
-def _fallback(reason: str, x: Any, device: Any, **kwargs: Any) -> Any:
-    _core.count_fallback(reason)
+def _fallback(code: str, x: Any, device: Any, **kwargs: Any) -> Any:
+    _core.count_fallback(code)
     return jax.device_put(x, device, **kwargs)
 
 
@@ -58,7 +58,7 @@ def device_put(
     """
     if src is not None or donate is not False or may_alias is not None:
         return _fallback(
-            "device_put: src, donate or may_alias given",
+            "device_put.options",
             x,
             device,
             src=src,
@@ -67,14 +67,14 @@ def device_put(
         )
     sharding = _target_sharding(device)
     if sharding is None:
-        return _fallback(f"device_put: target of type {type(device).__name__}", x, device)
+        return _fallback("device_put.target", x, device)
     if isinstance(sharding, NamedSharding) and sharding.spec.unreduced:
         # JAX places values onto unreduced axes with a jit of its own.
-        return _fallback("device_put: unreduced target sharding", x, device)
+        return _fallback("device_put.unreduced", x, device)
     if _jax.tracing():
         # Under jit, grad or vmap, JAX binds its device_put primitive, for tracers and host
         # values alike.
-        return _fallback("device_put: under a JAX trace", x, device)
+        return _fallback("device_put.under_trace", x, device)
     if _core.transfers_guarded("host_to_device"):
         # An explicit transfer, as jax.device_put's: the transfer guard's "_explicit" levels
         # watch it, the others let it through.
@@ -98,7 +98,7 @@ def _put_tree(x: Any, device: Any, sharding: Sharding) -> Any:
             else:
                 # Moving data between devices is JAX's work; it gets the target as given,
                 # since a Device and its SingleDeviceSharding give different avals.
-                out.append(_fallback("device_put: jax.Array moved by JAX", leaf, device))
+                out.append(_fallback("device_put.moved_array", leaf, device))
         except Exception as e:
             e.add_note(f"while placing the leaf x{_leaf_path(x, i)} of device_put")
             raise
@@ -120,21 +120,21 @@ def device_get(x: Any) -> Any:
     """
     if _core.transfers_guarded("device_to_host"):
         # fastpjit reads CPU shards through the buffer protocol, where jaxlib checks no guard.
-        return _fallback_get("device_get: a transfer guard is set; JAX applies it", x)
+        return _fallback_get("device_get.guarded", x)
     if type(x) is _jax.ArrayImpl:
         # A bare array needs no tree, and JAX fetches concrete arrays alike under a trace.
         return _core.device_get_leaf(x)
     if _jax.tracing():
         # Tracers come back as they are, as in JAX.
-        return _fallback_get("device_get: under a JAX trace", x)
+        return _fallback_get("device_get.under_trace", x)
     if isinstance(x, jax.Array):
         return _core.device_get_leaf(x)
     leaves, treedef = jax.tree_util.tree_flatten(x)
     return jax.tree_util.tree_unflatten(treedef, [_core.device_get_leaf(leaf) for leaf in leaves])
 
 
-def _fallback_get(reason: str, x: Any) -> Any:
-    _core.count_fallback(reason)
+def _fallback_get(code: str, x: Any) -> Any:
+    _core.count_fallback(code)
     return jax.device_get(x)
 
 
@@ -154,8 +154,7 @@ def make_array_from_process_local_data(
         global_shape is None or isinstance(global_shape, tuple)
     ):
         return _fallback_local(
-            "make_array_from_process_local_data: a PartitionSpec, or pytrees "
-            "of shardings or global shapes",
+            "process_local.spec_or_trees",
             sharding,
             local_data,
             global_shape,
@@ -180,7 +179,7 @@ def make_array_from_process_local_data(
         else:
             out.append(
                 _fallback_local(
-                    "make_array_from_process_local_data: a leaf that is not a numpy array",
+                    "process_local.not_numpy",
                     sharding,
                     leaf,
                     global_shape,
@@ -189,6 +188,6 @@ def make_array_from_process_local_data(
     return jax.tree_util.tree_unflatten(treedef, out)
 
 
-def _fallback_local(reason: str, sharding: Any, local_data: Any, global_shape: Any) -> Any:
-    _core.count_fallback(reason)
+def _fallback_local(code: str, sharding: Any, local_data: Any, global_shape: Any) -> Any:
+    _core.count_fallback(code)
     return jax.make_array_from_process_local_data(sharding, local_data, global_shape)

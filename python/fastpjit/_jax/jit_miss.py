@@ -38,7 +38,7 @@ def jit_cache_miss(jitted: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -
     if _config.disable_jit.value:
         # Under jax.disable_jit(), jax.jit calls the function itself; there is nothing to cache.
         return _native.CacheMiss(
-            jitted(*args, **kwargs), None, compiles=0, jax_reason="jax.disable_jit is on"
+            jitted(*args, **kwargs), None, compiles=0, jax_reason="disable_jit"
         )
     compiles_before = thread_compiles()
     outs, fast, reason = _jit_miss(jitted, args, kwargs)
@@ -143,8 +143,7 @@ def _fast_path_and_reason(
 ) -> tuple[Any, str | None]:
     fast_path = _fast_path(fast, donated)
     if fast_path is None and reason is None:
-        reason = "JAX's own dispatch keeps it off its fast path (outputs that are not arrays, "
-        reason += "effects or layouts)"
+        reason = "no_fast_path"
     return fast_path, reason
 
 
@@ -194,12 +193,12 @@ def compile_lowered(lowered: Any) -> None:
 
 def _why_jax_compiles(params: dict[str, Any]) -> str | None:
     if not _core.trace_state_clean():
-        return "under a JAX trace"
+        return "under_trace"
     if _config.debug_key_reuse.value or _config.enable_pgle.value:
-        return "key reuse checks or profile-guided optimization are on"
+        return "debug_checks"
     jaxpr = params["jaxpr"]
     if jaxpr.jaxpr.is_high or jaxpr.effects:
-        return "the function has effects or mutable state"
+        return "effects"
     return None
 
 
@@ -227,25 +226,25 @@ def _lower(params: dict[str, Any], args_flat: Sequence[Any]) -> Any:
 def _why_jax_compiles_lowering(computation: Any) -> str | None:
     args = computation.compile_args
     if args["host_callbacks"] or args["ordered_effects"] or args["unordered_effects"]:
-        return "the computation calls back to the host"
+        return "host_callbacks"
     if any(layout is not None for layout in (*args["in_layouts"], *args["out_layouts"])):
-        return "layouts are set"
+        return "layouts"
     if args["mut"] is not None or (
         args["shape_poly_state"] is not None and args["shape_poly_state"].uses_dim_vars
     ):
-        return "mutable arrays or symbolic shapes"
+        return "mutable_or_symbolic"
     avals = (*args["global_in_avals"], *args["global_out_avals"])
     if any(
         a is _core.abstract_token or _dtypes.issubdtype(a.dtype, _dtypes.extended) for a in avals
     ):
-        return "tokens or extended dtypes (PRNG keys)"
+        return "extended_dtypes"
     shardings = (*args["in_shardings"], *args["out_shardings"])
     if any(
         _mlir.contains_unconstrained(s)
         for s in shardings
         if not isinstance(s, _sharding_impls.UnspecifiedValue)
     ):
-        return "unconstrained shardings"
+        return "unconstrained_shardings"
     return None
 
 
@@ -286,15 +285,13 @@ def aot_cache_miss(compiled: Any, args: tuple[Any, ...], kwargs: dict[str, Any])
             compiled(*args, **kwargs),
             None,
             compiles=0,
-            jax_reason="the executable has effects or callbacks",
+            jax_reason="executable_effects",
         )
     params = params._replace(const_args=executable.shard_const_args(params.const_args))
     outs, out_flat, args_flat = _stages.Compiled.call(params, *args, **kwargs)
     out_flat, out_tree = _pxla.reflatten_outputs_for_dispatch(params.out_tree, out_flat)
     if params.is_high or executable._mut or not all(isinstance(x, xc.ArrayImpl) for x in out_flat):
-        return _native.CacheMiss(
-            outs, None, compiles=0, jax_reason="mutable state, or outputs that are not arrays"
-        )
+        return _native.CacheMiss(outs, None, compiles=0, jax_reason="not_array_outputs")
     in_shardings = [
         _sharding_impls.physical_sharding(a, s)
         if a is not _core.abstract_token and _dtypes.issubdtype(a.dtype, _dtypes.extended)
@@ -330,7 +327,7 @@ def pmap_cache_miss(pmapped: Any, args: tuple[Any, ...], kwargs: dict[str, Any])
     )
     if not trace_state_clean:
         return _native.CacheMiss(
-            pmapped(*args, **kwargs), None, compiles=0, jax_reason="under a JAX trace"
+            pmapped(*args, **kwargs), None, compiles=0, jax_reason="under_trace"
         )
     miss = jit_cache_miss(jitted, tuple(args_flat), {})
     if process_count == 1:
@@ -367,15 +364,13 @@ def _across_processes(miss: Any, cached: Any, local_flat: list[Any]) -> tuple[An
                 arg.is_fully_addressable
                 and _pmap_lib._is_sharding_equivalent(arg.sharding, local_sharding, arg.ndim)
             ):
-                return None, (
-                    "a pmap across processes got an array off its local sharding, which JAX moves"
-                )
+                return None, "pmap_argument_moved"
             shape, dtype = arg.shape, arg.dtype
         elif isinstance(arg, np.ndarray | np.generic | bool | int | float | complex):
             value = np.asarray(arg)
             shape, dtype = value.shape, canonical_dtype(value.dtype)
         else:
-            return None, "a pmap across processes got an argument that JAX converts"
+            return None, "pmap_argument_converted"
         in_global.append(
             (_pmap_lib._local_to_global_aval(shape, dtype, global_sharding), global_sharding)
         )
@@ -391,7 +386,7 @@ def _across_processes(miss: Any, cached: Any, local_flat: list[Any]) -> tuple[An
             out_local.append(None)
             continue
         if not _pmap_lib._is_sharding_equivalent(out.sharding, global_sharding, out.ndim):
-            return None, "a pmap across processes has an output that JAX moves"
+            return None, "pmap_output_moved"
         out_local.append(
             (_pmap_lib._global_to_local_aval(out.shape, out.dtype, global_sharding), local_sharding)
         )

@@ -70,11 +70,8 @@ def _calls(f: Any, calls: list[tuple[tuple[Any, ...], dict[str, Any]]]) -> Calla
 
 
 # Calls with new numpy arrays that fastpjit hands to jax.jit's C++ dispatch, which places them
-# faster (see rust/core/src/delegation.rs): counted as fallbacks of this reason.
-DELEGATED = (
-    "jit: new numpy arrays or arrays on other devices, which JAX's C++ dispatch places for "
-    "less than jaxlib's Python API allows: JAX runs the call"
-)
+# faster (see rust/core/src/delegation.rs): counted as fallbacks of this code.
+DELEGATED = "delegated"
 
 
 def _check_hit(

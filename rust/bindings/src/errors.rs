@@ -162,6 +162,8 @@ pub enum DispatchError {
     MissArity { described: usize, call: usize },
     /// The cache miss's `FastPath` does not hold together.
     FastPath(String),
+    /// A fallback code that names no fallback.
+    UnknownFallback(String),
     /// The executable's outputs do not make its output tree.
     OutputTree(String),
     /// A static argument's `==` raised (`error`, between objects of these types).
@@ -186,6 +188,9 @@ impl From<DispatchError> for PyErr {
                 "the cache miss described {described} arguments for a call of {call}"
             )),
             DispatchError::FastPath(why) => PyValueError::new_err(format!("FastPath: {why}")),
+            DispatchError::UnknownFallback(code) => PyValueError::new_err(format!(
+                "{code:?} is no fallback code; fastpjit._core.fallback_reasons() lists them"
+            )),
             DispatchError::OutputTree(why) => PyRuntimeError::new_err(why),
             DispatchError::StaticComparison { types, error } => PyValueError::new_err(format!(
                 "static arguments should be comparable using __eq__.The following error was \

@@ -4,12 +4,11 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use fastpjit_core::dispatch::MAX_STATES;
+use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyString, PyType};
-
-use crate::dispatch::MAX_STATES;
-use crate::errors::Error;
 
 /// The objects, fetched once (see `handles`).
 pub struct Handles {
@@ -123,15 +122,11 @@ pub fn handles(py: Python<'_>) -> PyResult<&Handles> {
     HANDLES.get_or_try_init(py, || {
         let handles = fetch(py)?;
         if handles.jit_key_states.len() >= MAX_STATES {
-            return Err(Error::Runtime(
-                format!(
-                    "fastpjit._jax.jit_key_states has {} states; the dispatcher reads at most {}",
-                    handles.jit_key_states.len(),
-                    MAX_STATES - 1
-                )
-                .into(),
-            )
-            .into());
+            return Err(PyRuntimeError::new_err(format!(
+                "fastpjit._jax.jit_key_states has {} states; the dispatcher reads at most {}",
+                handles.jit_key_states.len(),
+                MAX_STATES - 1
+            )));
         }
         Ok(handles)
     })

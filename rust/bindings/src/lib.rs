@@ -23,8 +23,8 @@ mod _core {
     // Counters: `fastpjit.stats()`.
     #[pymodule_export]
     use crate::stats::{
-        count_compiles, count_recompile_stopped, in_guarded_jax_call, py_count_fallback,
-        recompile_guard, reset_stats, set_timing, stats,
+        count_compiles, count_recompile_stopped, fallback_reasons, in_guarded_jax_call,
+        py_count_fallback, recompile_guard, reset_stats, set_timing, stats,
     };
 
     // Sharding index maps and HLO sharding text.
@@ -36,7 +36,9 @@ mod _core {
 
     // Transfers: device_put, device_get, process-local data, the host pool.
     #[pymodule_export]
-    use crate::transfer::{device_get_leaf, device_put_leaf, transfer_cache_sizes};
+    use crate::transfer::{
+        device_get_leaf, device_put_leaf, transfer_cache_sizes, transfers_guarded,
+    };
 
     #[pymodule_export]
     use crate::process_local::make_array_from_process_local_leaf;
@@ -51,8 +53,8 @@ mod _core {
     // The dispatcher.
     #[pymodule_export]
     use crate::dispatch::{
-        clear_dispatch_memo, dispatch_memo_sizes, transfers_guarded, BoundFunction, CacheMiss,
-        DispatchCache, FastPath, JitFunction,
+        clear_dispatch_memo, dispatch_memo_sizes, BoundFunction, CacheMiss, DispatchCache,
+        FastPath, JitFunction,
     };
 
     #[pymodule_init]

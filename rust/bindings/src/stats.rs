@@ -5,12 +5,15 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-pub use fastpjit_core::stats::{Counter, FunctionStats, DELEGATED, HANDED_OVER};
+pub use fastpjit_core::stats::{Counter, FunctionStats};
 use fastpjit_core::stats::{FunctionId, Registry};
 use fastpjit_core::timing::{Latencies, Percentiles, Stage};
+use fastpjit_core::Fallback;
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
+
+use crate::errors::DispatchError;
 
 /// Counts that belong to no function: compiles and fallbacks that Python code paths report
 /// (`compile_hlo`'s compiles, `device_put`'s fallbacks).
@@ -126,8 +129,20 @@ pub fn record(stats: &FunctionStats, clock: Option<Clock>) {
 }
 
 /// Counts a fallback that no function's call made (`device_put`, `device_get`).
-pub fn count_fallback(reason: &str) {
-    OTHERS.count_fallback(reason);
+pub fn count_fallback(fallback: Fallback) {
+    OTHERS.count_fallback(fallback);
+}
+
+/// `{code: n}` of counted fallbacks.
+fn fallback_counts<'py>(
+    py: Python<'py>,
+    counts: &std::collections::BTreeMap<Fallback, u64>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let out = PyDict::new(py);
+    for (fallback, n) in counts {
+        out.set_item(fallback.code(), n)?;
+    }
+    Ok(out)
 }
 
 /// A snapshot of every counter: `{"cache_hits", "cache_misses", "compiles", "fallbacks":
@@ -147,7 +162,7 @@ pub fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
         entry.set_item("jax_calls", counts.jax_calls)?;
         entry.set_item("traced", counts.traced)?;
         entry.set_item("compiles", counts.compiles)?;
-        entry.set_item("fallbacks", counts.fallbacks.into_pyobject(py)?)?;
+        entry.set_item("fallbacks", fallback_counts(py, &counts.fallbacks)?)?;
         if let Some(timing) = latency_report(py, &stats.latencies())? {
             entry.set_item("timing", timing)?;
         }
@@ -157,7 +172,7 @@ pub fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     out.set_item("cache_hits", totals.hits)?;
     out.set_item("cache_misses", totals.misses)?;
     out.set_item("compiles", totals.compiles)?;
-    out.set_item("fallbacks", totals.fallbacks.into_pyobject(py)?)?;
+    out.set_item("fallbacks", fallback_counts(py, &totals.fallbacks)?)?;
     out.set_item(
         "recompiles_stopped",
         RECOMPILES_STOPPED.load(Ordering::Relaxed),
@@ -213,9 +228,25 @@ pub fn count_compiles(n: u64) {
     OTHERS.count(Counter::Compile(n));
 }
 
-/// Counts a fallback from Python code paths (`fastpjit.stats()["fallbacks"][reason]`).
+/// Counts a fallback of Python code paths (`device_put`'s, ...) by its code.
 #[pyfunction]
 #[pyo3(name = "count_fallback")]
-pub fn py_count_fallback(reason: &str) {
-    count_fallback(reason);
+pub fn py_count_fallback(code: &str) -> PyResult<()> {
+    count_fallback(fallback_of(code)?);
+    Ok(())
+}
+
+/// The fallback of `code`; a `ValueError` naming it where it is none.
+pub fn fallback_of(code: &str) -> PyResult<Fallback> {
+    Fallback::from_code(code).ok_or_else(|| DispatchError::UnknownFallback(code.to_owned()).into())
+}
+
+/// Every fallback's code and text: `{code: text}`, in the order of `docs/fallbacks.md`.
+#[pyfunction]
+pub fn fallback_reasons(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let out = PyDict::new(py);
+    for fallback in Fallback::all() {
+        out.set_item(fallback.code(), fallback.to_string())?;
+    }
+    Ok(out)
 }

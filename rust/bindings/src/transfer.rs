@@ -5,9 +5,10 @@ use std::sync::Arc;
 
 use fastpjit_core::strided::{assemble, Placement, StridedView};
 use fastpjit_core::transfer::{DistinctTiles, HostLayout, PutMethod, Staging, ADOPT_ALIGN};
+use fastpjit_core::{Fallback, Whole};
 use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyComplex, PyFloat, PyInt, PyList, PySlice, PyTuple};
+use pyo3::types::{PyBool, PyComplex, PyFloat, PyInt, PyList, PySlice, PyString, PyTuple};
 
 use crate::errors::{shown, Error};
 use crate::handles::{handles, names, Handles};
@@ -593,7 +594,7 @@ pub fn get_host_value<'py>(x: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>>
     let h = handles(py)?;
     if !x.get_type().is(h.arrays.array_impl.bind(py)) {
         if x.is_instance(h.jax_array.bind(py))? {
-            count_fallback("device_get: a jax.Array other than jaxlib's fetched by JAX");
+            count_fallback(Fallback::Whole(Whole::GetOtherArray));
             return h.jax_device_get.bind(py).call1((x,));
         }
         if x.get_type().is(h.arrays.ndarray.bind(py)) {
@@ -619,7 +620,7 @@ pub fn get_host_value<'py>(x: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>>
         // by their own rule, and StringDType items point into their array's own storage.
         Ok(descr) if !descr.has_object() => descr,
         _ => {
-            count_fallback("device_get: a key or string array fetched by JAX");
+            count_fallback(Fallback::Whole(Whole::GetKeyOrString));
             return h.jax_device_get.bind(py).call1((x,));
         }
     };
@@ -807,7 +808,7 @@ pub fn device_put_leaf<'py>(
     let value = host_value(x)?;
     if value.is_float0()? {
         // jax.device_put gives back a host array of float0, not a jax.Array.
-        count_fallback("device_put: float0 leaf placed by JAX");
+        count_fallback(Fallback::Whole(Whole::PutFloat0));
         let py = x.py();
         return handles(py)?.jax_device_put.bind(py).call1((x, sharding));
     }
@@ -824,4 +825,11 @@ pub fn transfer_cache_sizes() -> (usize, usize, usize, usize) {
         CANONICAL_DTYPES.len(),
         crate::process_local::plans_cached(),
     )
+}
+
+/// Whether jaxlib's transfer guard watches transfers in `direction` (`"host_to_device"`,
+/// `"device_to_host"`) now, on this thread.
+#[pyfunction]
+pub fn transfers_guarded(direction: &Bound<'_, PyString>) -> PyResult<bool> {
+    handles(direction.py())?.transfers_guarded(direction)
 }

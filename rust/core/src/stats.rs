@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use crate::fallback::Fallback;
 use crate::timing::Latencies;
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -22,31 +23,13 @@ pub enum Counter {
     CacheMiss,
     /// Backend compiles that a cache miss (or `compile_hlo`) caused.
     Compile(u64),
-    /// A call that JAX ran whole (`disable_jit`, effects, an argument fastpjit cannot key),
-    /// counted besides its fallback's reason.
+    /// A call that JAX ran whole (`disable_jit`, effects, an argument fastpjit cannot key,
+    /// one handed to jax.jit's dispatch), counted besides its fallback.
     JaxCall,
     /// A call made inside another function's trace (its arguments hold tracers), which JAX
     /// stages: counted apart from fallbacks.
     Traced,
-    /// A call handed to jax.jit's C++ dispatch, which places its new numpy arrays (or copies
-    /// its new arrays from other devices) faster: a call that JAX ran, of the fallback reason
-    /// [`DELEGATED`], counted without a lock.
-    Delegated,
-    /// A call handed to jax.jit's C++ dispatch unread, after calls that fastpjit could not
-    /// key: a call that JAX ran, of the fallback reason [`HANDED_OVER`], counted without a
-    /// lock.
-    HandedOver,
 }
-
-/// The fallback reason of [`Counter::Delegated`].
-pub const DELEGATED: &str = "jit: new numpy arrays or arrays on other devices, which JAX's C++ \
-                             dispatch places for less than jaxlib's Python API allows: JAX runs \
-                             the call";
-
-/// The fallback reason of [`Counter::HandedOver`].
-pub const HANDED_OVER: &str = "jit: the latest calls had an argument that is not an array (or \
-                               nested too deep), so JAX's dispatch takes the calls, unread, \
-                               until a recheck";
 
 /// One function's counts at one moment.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -57,7 +40,7 @@ pub struct Counts {
     /// Calls that JAX ran, delegated ones included.
     pub jax_calls: u64,
     pub traced: u64,
-    pub fallbacks: BTreeMap<String, u64>,
+    pub fallbacks: BTreeMap<Fallback, u64>,
 }
 
 impl Counts {
@@ -78,21 +61,21 @@ impl Counts {
         self.jax_calls += other.jax_calls;
         self.traced += other.traced;
         for (reason, n) in &other.fallbacks {
-            *self.fallbacks.entry(reason.clone()).or_default() += n;
+            *self.fallbacks.entry(*reason).or_default() += n;
         }
     }
 }
 
-/// The counters of one function (all the wrappers of one Python function and options).
+/// The counters of one function (all the wrappers of one Python function and options), each
+/// counted without a lock.
 pub struct FunctionStats {
     hits: AtomicU64,
     misses: AtomicU64,
     compiles: AtomicU64,
     jax_calls: AtomicU64,
     traced: AtomicU64,
-    delegated: AtomicU64,
-    handed_over: AtomicU64,
-    fallbacks: Mutex<BTreeMap<String, u64>>,
+    /// One counter per fallback, at its index.
+    fallbacks: [AtomicU64; Fallback::COUNT],
     /// The stage times of the latest timed hits.
     latencies: Mutex<Latencies>,
 }
@@ -111,11 +94,19 @@ impl FunctionStats {
             compiles: AtomicU64::new(0),
             jax_calls: AtomicU64::new(0),
             traced: AtomicU64::new(0),
-            delegated: AtomicU64::new(0),
-            handed_over: AtomicU64::new(0),
-            fallbacks: Mutex::new(BTreeMap::new()),
+            fallbacks: [const { AtomicU64::new(0) }; Fallback::COUNT],
             latencies: Mutex::new(Latencies::new()),
         }
+    }
+
+    fn counters(&self) -> [&AtomicU64; 5] {
+        [
+            &self.hits,
+            &self.misses,
+            &self.compiles,
+            &self.jax_calls,
+            &self.traced,
+        ]
     }
 
     pub fn count(&self, counter: Counter) {
@@ -125,20 +116,13 @@ impl FunctionStats {
             Counter::Compile(n) => (&self.compiles, n),
             Counter::JaxCall => (&self.jax_calls, 1),
             Counter::Traced => (&self.traced, 1),
-            Counter::Delegated => (&self.delegated, 1),
-            Counter::HandedOver => (&self.handed_over, 1),
         };
         cell.fetch_add(n, Ordering::Relaxed);
     }
 
     /// Records that a call took a slower correct path, and why.
-    pub fn count_fallback(&self, reason: &str) {
-        let mut fallbacks = lock(&self.fallbacks);
-        if let Some(n) = fallbacks.get_mut(reason) {
-            *n += 1;
-        } else {
-            fallbacks.insert(reason.to_owned(), 1);
-        }
+    pub fn count_fallback(&self, fallback: Fallback) {
+        self.fallbacks[fallback.index()].fetch_add(1, Ordering::Relaxed);
     }
 
     /// Records a timed hit's stage times (nanoseconds).
@@ -151,45 +135,29 @@ impl FunctionStats {
         lock(&self.latencies)
     }
 
-    /// The counts now: a delegated or handed-over call is a call that JAX ran, of its own
-    /// reason.
+    /// The counts now.
     pub fn counts(&self) -> Counts {
-        let load = |cell: &AtomicU64| cell.load(Ordering::Relaxed);
-        let mut fallbacks = lock(&self.fallbacks).clone();
-        let mut unread = 0;
-        for (cell, reason) in [
-            (&self.delegated, DELEGATED),
-            (&self.handed_over, HANDED_OVER),
-        ] {
-            let n = load(cell);
-            if n > 0 {
-                *fallbacks.entry(reason.to_owned()).or_default() += n;
-                unread += n;
-            }
-        }
+        let [hits, misses, compiles, jax_calls, traced] =
+            self.counters().map(|cell| cell.load(Ordering::Relaxed));
+        let fallbacks = Fallback::all()
+            .zip(&self.fallbacks)
+            .map(|(fallback, cell)| (fallback, cell.load(Ordering::Relaxed)))
+            .filter(|&(_, n)| n > 0)
+            .collect();
         Counts {
-            hits: load(&self.hits),
-            misses: load(&self.misses),
-            compiles: load(&self.compiles),
-            jax_calls: load(&self.jax_calls) + unread,
-            traced: load(&self.traced),
+            hits,
+            misses,
+            compiles,
+            jax_calls,
+            traced,
             fallbacks,
         }
     }
 
     pub fn reset(&self) {
-        for cell in [
-            &self.hits,
-            &self.misses,
-            &self.compiles,
-            &self.jax_calls,
-            &self.traced,
-            &self.delegated,
-            &self.handed_over,
-        ] {
+        for cell in self.counters().into_iter().chain(&self.fallbacks) {
             cell.store(0, Ordering::Relaxed);
         }
-        lock(&self.fallbacks).clear();
         lock(&self.latencies).clear();
     }
 }
@@ -378,7 +346,7 @@ mod tests {
     }
 
     #[test]
-    fn calls_add_up_and_delegated_calls_are_calls_that_jax_ran() {
+    fn calls_add_up_and_each_fallback_counts_apart() {
         let stats = FunctionStats::new();
         for counter in [
             Counter::CacheHit,
@@ -386,24 +354,22 @@ mod tests {
             Counter::Compile(3),
             Counter::JaxCall,
             Counter::Traced,
-            Counter::Delegated,
-            Counter::HandedOver,
         ] {
             stats.count(counter);
         }
-        stats.count_fallback("why");
+        stats.count_fallback(Fallback::DELEGATED);
+        stats.count_fallback(Fallback::DELEGATED);
+        stats.count_fallback(Fallback::HANDED_OVER);
         let counts = stats.counts();
-        assert_eq!(counts.calls(), 6);
+        assert_eq!(counts.calls(), 4);
         assert_eq!(counts.compiles, 3);
-        assert_eq!(counts.jax_calls, 3);
-        assert_eq!(counts.fallbacks.get(DELEGATED), Some(&1));
-        assert_eq!(counts.fallbacks.get(HANDED_OVER), Some(&1));
-        assert_eq!(counts.fallbacks.get("why"), Some(&1));
+        let expected = [(Fallback::DELEGATED, 2), (Fallback::HANDED_OVER, 1)];
+        assert_eq!(counts.fallbacks, BTreeMap::from(expected));
         let mut total = Counts::default();
         total.add(&counts);
         total.add(&counts);
-        assert_eq!(total.calls(), 12);
-        assert_eq!(total.fallbacks.get("why"), Some(&2));
+        assert_eq!(total.calls(), 8);
+        assert_eq!(total.fallbacks[&Fallback::DELEGATED], 4);
         stats.reset();
         assert!(stats.counts().is_empty());
     }

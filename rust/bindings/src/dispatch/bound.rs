@@ -18,10 +18,19 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 use pyo3::PyTraverseError;
 
-use super::{BoundPath, JitFunction};
+use super::context::LiveContext;
+use super::function::JitFunction;
+use super::leaf::LiveLeaf;
+use super::shared::{Cached, Outcome};
+use super::signature::{is_key_of, is_positional_under, same_leaf};
+use super::tree::Tree;
 use crate::errors::DispatchError;
-use crate::handles::handles;
-use crate::stats::Clock;
+use crate::handles::{handles, Handles};
+use crate::stats::{mark, record, Clock, Counter};
+use fastpjit_core::timing::Stage;
+
+/// What a bound function's calls take (see the core's `BoundPath`).
+type BoundPath = fastpjit_core::dispatch::BoundPath<Arc<Cached>, Py<PyAny>>;
 
 #[pyclass(module = "fastpjit._core", subclass, frozen)]
 pub struct BoundFunction {
@@ -276,5 +285,120 @@ impl BoundFunction {
             }
         }
         err
+    }
+}
+
+impl JitFunction {
+    /// What a bound function's calls take, learned from the call of `all` (the bound
+    /// arguments, then `rest`, arrays) that just ran: the entry that ran it, where that entry
+    /// takes its arrays as they are and the bound leaves are the first of its signature. None
+    /// where the call had other arguments, or the entry is not that.
+    fn bound_path(
+        &self,
+        py: Python<'_>,
+        h: &Handles,
+        all: &Bound<'_, PyTuple>,
+        rest: usize,
+    ) -> PyResult<Option<BoundPath>> {
+        let rest_args = &all.as_slice()[all.len() - rest..];
+        if !self.statics.is_empty() || !rest_args.iter().all(|arg| h.is_array(arg)) {
+            return Ok(None);
+        }
+        let Some(cached) = self.cache.latest() else {
+            return Ok(None);
+        };
+        let Some(Outcome::Run(entry)) = cached.outcome() else {
+            return Ok(None);
+        };
+        let signature = &cached.signature;
+        let Some(taken) = entry.taken_as_is() else {
+            return Ok(None);
+        };
+        let Ok((tree, leaves)) = Tree::derive(py, h, all.as_slice())? else {
+            return Ok(None);
+        };
+        if leaves.len() != signature.leaves.len() || !tree.same(py, &signature.tree)? {
+            return Ok(None);
+        }
+        for ((leaf, key), &taken) in leaves.iter().zip(&signature.leaves).zip(&taken) {
+            // An argument that the executable does not use (a numpy array, say) is only keyed.
+            let fits = if taken {
+                h.is_array(leaf) && is_key_of(key, h, leaf)?
+            } else {
+                match LiveLeaf::read(h, leaf)? {
+                    Some(live) => same_leaf(key, &live, leaf)?,
+                    None => false,
+                }
+            };
+            if !fits {
+                return Ok(None);
+            }
+        }
+        let num_keys = signature.leaves.len();
+        Ok(BoundPath::new(
+            cached,
+            self.generation(),
+            num_keys,
+            all.len() - rest,
+            leaves.into_iter().map(Bound::unbind).collect(),
+            rest,
+            taken,
+        ))
+    }
+
+    /// Whether `path` was learned since the cache was last cleared.
+    fn is_current(&self, path: &BoundPath) -> bool {
+        path.is_current(self.generation())
+    }
+
+    /// Runs a bound call on `path`, with `rest`, its arguments after the bound ones; None where
+    /// the call has another signature (then the dispatcher takes it).
+    fn run_bound<'py>(
+        &self,
+        h: &Handles,
+        path: &BoundPath,
+        rest: &Bound<'py, PyTuple>,
+        clock: &mut Option<Clock>,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let py = rest.py();
+        let Some(Outcome::Run(entry)) = path.entry.outcome() else {
+            return Ok(None);
+        };
+        if !self.is_current(path) {
+            return Ok(None);
+        }
+        let context = if self.keyed_by_context {
+            LiveContext::read(py, h)?
+        } else {
+            LiveContext::none(py)
+        };
+        let signature = &path.entry.signature;
+        if context.post_hook().is_some()
+            || !is_positional_under(signature, path.num_bound_args + rest.len(), &context)
+        {
+            return Ok(None);
+        }
+        let Some(own) = path.own_keys(signature.leaves.len(), rest.len()) else {
+            return Ok(None);
+        };
+        let keys = &signature.leaves[own];
+        for (arg, key) in rest.iter().zip(keys) {
+            if !h.is_array(&arg) || !is_key_of(key, h, &arg)? {
+                return Ok(None);
+            }
+        }
+        self.stats.count(Counter::CacheHit);
+        path.entry.mark_used();
+        let mut leaves: Vec<Bound<'py, PyAny>> = Vec::with_capacity(path.leaves.len() + rest.len());
+        leaves.extend(path.leaves.iter().map(|leaf| leaf.bind(py).clone()));
+        leaves.extend(rest.iter());
+        let inputs = path
+            .inputs(&leaves)
+            .map(|inputs| PyTuple::new(py, inputs))
+            .transpose()?;
+        mark(clock, Stage::Lookup);
+        let out = entry.run_arrays(h, &PyTuple::new(py, leaves)?, inputs.as_ref(), clock)?;
+        record(&self.stats, clock.take());
+        Ok(Some(out))
     }
 }

@@ -4,13 +4,11 @@
 //! is read on every call, as JAX's own dispatcher reads them, and compared item by item:
 //! by identity first, then by `==`.
 
+use fastpjit_core::dispatch::MAX_STATES;
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
 use crate::handles::Handles;
-
-/// How many states the jit key may read besides the trace context.
-pub const MAX_STATES: usize = 8;
 
 /// The jit key as a call finds it.
 pub struct LiveContext<'py> {

@@ -426,8 +426,9 @@ pub fn sharding_id(sharding: &Bound<'_, PyAny>) -> PyResult<ShardingId> {
     Ok(id)
 }
 
-/// Forgets every aval and sharding remembered (`jax.clear_caches()`).
-pub fn clear_memo() {
+/// Forgets the avals and shardings that the dispatcher remembers (`jax.clear_caches()`).
+#[pyfunction]
+pub fn clear_dispatch_memo() {
     let evicted = with_memo(|memo| {
         let representatives = memo.representatives.clear();
         (memo.avals.clear(), memo.shardings.clear(), representatives)
@@ -435,7 +436,9 @@ pub fn clear_memo() {
     drop(evicted);
 }
 
-pub fn memo_sizes() -> (usize, usize) {
+/// How many avals and shardings the dispatcher remembers.
+#[pyfunction]
+pub fn dispatch_memo_sizes() -> (usize, usize) {
     with_memo(|memo| (memo.avals.len(), memo.shardings.len()))
 }
 

@@ -2,8 +2,10 @@
 //! returns a `CacheMiss`, and where the call can take the fast path next time, the
 //! `FastPath` that a cache entry is built from. Both are checked when they are made.
 
-use crate::errors::DispatchError;
+use fastpjit_core::Why;
 use pyo3::prelude::*;
+
+use crate::errors::DispatchError;
 use pyo3::types::PyList;
 
 /// An aval and a sharding: what a value of a pmap across processes becomes.
@@ -110,13 +112,23 @@ impl FastPath {
 
 /// What a cache miss returns: the call's outputs; the fast path for the next such call, or
 /// None where JAX must run it; the backend compiles the miss ran; and, where JAX rather than
-/// fastpjit lowered and compiled the call (or runs it), why.
-#[pyclass(module = "fastpjit._core", frozen, get_all)]
+/// fastpjit lowered and compiled the call (or runs it), why (a `Why` code: `"effects"`, ...).
+#[pyclass(module = "fastpjit._core", frozen)]
 pub struct CacheMiss {
+    #[pyo3(get)]
     pub outputs: Py<PyAny>,
+    #[pyo3(get)]
     pub fast_path: Option<Py<FastPath>>,
+    #[pyo3(get)]
     pub compiles: u64,
-    pub jax_reason: Option<String>,
+    pub why: Option<Why>,
+}
+
+impl CacheMiss {
+    /// Why JAX runs the calls of a miss without a fast path.
+    pub fn why(&self) -> Why {
+        self.why.unwrap_or(Why::NoFastPath)
+    }
 }
 
 #[pymethods]
@@ -127,13 +139,24 @@ impl CacheMiss {
         outputs: Py<PyAny>,
         fast_path: Option<Py<FastPath>>,
         compiles: u64,
-        jax_reason: Option<String>,
-    ) -> Self {
-        Self {
+        jax_reason: Option<&str>,
+    ) -> PyResult<Self> {
+        let why = jax_reason
+            .map(|code| {
+                Why::from_code(code).ok_or_else(|| DispatchError::UnknownFallback(code.to_owned()))
+            })
+            .transpose()?;
+        Ok(Self {
             outputs,
             fast_path,
             compiles,
-            jax_reason,
-        }
+            why,
+        })
+    }
+
+    /// The code of why JAX compiled the call or runs it, or None.
+    #[getter]
+    fn jax_reason(&self) -> Option<&'static str> {
+        self.why.map(Why::code)
     }
 }

@@ -11,7 +11,8 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use fastpjit_core::dispatch::{self, ArgSignature, SignatureHasher};
+use fastpjit_core::dispatch::route::is_static_position;
+use fastpjit_core::dispatch::{self, ArgSignature, SignatureHasher, Unkeyable};
 
 use numpy::{PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::PyTypeError;
@@ -31,6 +32,12 @@ pub struct StaticArgs {
     /// Positions; a negative one counts from the end of the call's positional arguments.
     pub argnums: Vec<isize>,
     pub argnames: Vec<Py<PyString>>,
+}
+
+impl StaticArgs {
+    pub fn is_empty(&self) -> bool {
+        self.argnums.is_empty() && self.argnames.is_empty()
+    }
 }
 
 /// A call's arguments split as its signature needs them. A call of positional dynamic
@@ -81,12 +88,7 @@ impl<'a, 'py> LiveCall<'a, 'py> {
         }
         let mut dynamic = Vec::with_capacity(num_args + kwargs.map_or(0, PyDictMethods::len));
         for (i, arg) in args.iter().enumerate() {
-            let from_end = i as isize - num_args as isize;
-            if statics
-                .argnums
-                .iter()
-                .any(|&n| n == i as isize || n == from_end)
-            {
+            if is_static_position(&statics.argnums, i, num_args) {
                 call.statics.push(arg);
             } else {
                 dynamic.push(arg);
@@ -184,17 +186,6 @@ impl<'a, 'py> LiveCall<'a, 'py> {
         }
         Ok(Ok(hasher.finish()))
     }
-}
-
-/// Why a call has no signature; JAX's own path runs it (or raises its error).
-#[derive(Clone, Copy)]
-pub enum Unkeyable {
-    /// A leaf that is not a value the dispatcher keys.
-    Leaf,
-    /// A static argument without a hash.
-    UnhashableStatic,
-    /// Containers nested deeper than the dispatcher reads (`tree::MAX_DEPTH`).
-    Deep,
 }
 
 /// Whether two static arguments are equal as JAX compares them: the same type, then `==`;

@@ -11,6 +11,7 @@
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, LazyLock};
 
+use fastpjit_core::dispatch::{Unkeyable, MAX_TREE_DEPTH as MAX_DEPTH};
 use pyo3::ffi;
 use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
@@ -18,17 +19,9 @@ use pyo3::types::{PyDict, PyList, PyString, PyTuple, PyType};
 use pyo3::PyTraverseError;
 use rustc_hash::{FxHashMap, FxHasher};
 
-use super::signature::Unkeyable;
 use crate::errors::DispatchError;
 use crate::handles::{names, Handles};
 use crate::memo::SharedMemo;
-
-/// How deeply containers may nest in a tree read here. Reading a tree recurses, as do
-/// flattening a call against it and building outputs from it; a deeper tree is left to JAX,
-/// which handles what depth it does (its own limit is far deeper on the main thread, but a
-/// thread's stack can be small: JAX's flatten works up to about 600 levels in a thread of
-/// 256 KiB, which this bound keeps well within).
-pub const MAX_DEPTH: usize = 100;
 
 pub enum Node {
     Leaf,

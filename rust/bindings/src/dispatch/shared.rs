@@ -1,0 +1,278 @@
+//! What the functions of one Python function and options share, as JAX's jit functions share
+//! its cache (`PjitFunctionCache`): the cache entries, the latest calls' trees and arrays, and
+//! the function's counters. A new `jit(f)` of a function already wrapped finds the
+//! executables of the others.
+
+use std::borrow::Cow;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use fastpjit_core::dispatch::route::{self, Outcome as Held};
+use fastpjit_core::dispatch::{CacheEntry, EntryCache, Found, Route, Unkeyable};
+use fastpjit_core::{BoundedMap, Delegation, Fallback};
+use pyo3::gc::PyVisit;
+use pyo3::prelude::*;
+use pyo3::types::PyString;
+use pyo3::PyTraverseError;
+
+use super::entry::Entry;
+use super::leaf::{LiveLeaf, SeenArrays};
+use super::signature::{self, holds_array, matches, CallSignature, LeafKey, LiveCall, StaticArgs};
+use super::tree::Tree;
+use crate::handles::Handles;
+use crate::stats::{function_stats, FunctionStats};
+
+/// What a cache entry holds once its miss has run. (Not boxed: a hit reads its entry on every
+/// call.)
+#[allow(clippy::large_enum_variant)]
+pub enum Outcome {
+    Run(Entry),
+    /// JAX runs such calls (effects, outputs that are not arrays, an active trace); why.
+    Jax(Fallback),
+}
+
+/// A cache entry: a signature, and what calls of it do once its miss has run (see the core's
+/// `EntryCache` for the single-compile protocol).
+pub type Cached = CacheEntry<CallSignature, Outcome>;
+
+/// How many trees a function remembers.
+const TREES: usize = 16;
+
+pub fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[pyclass(module = "fastpjit._core", frozen)]
+pub struct DispatchCache {
+    pub(super) statics: StaticArgs,
+    pub(super) stats: Arc<FunctionStats>,
+    pub(super) cache: EntryCache<CallSignature, Outcome>,
+    /// The trees of the function's calls by hash, so that entries of one tree share it.
+    trees: Mutex<BoundedMap<u64, Arc<Tree>>>,
+    /// The arrays of the latest calls, two by position; a call takes them while it reads its
+    /// leaves, and puts them back with its own.
+    seen: Mutex<SeenArrays>,
+    /// Whether calls are keyed by JAX's jit key; not those of a compiled foreign module,
+    /// which depends on no configuration and which no trace can stage.
+    pub(super) keyed_by_context: bool,
+    /// Whether calls go to JAX's C++ dispatch (see `Delegation`).
+    pub(super) delegation: Delegation,
+    /// How many times the cache was cleared: a bound function's entry from before is stale.
+    generation: AtomicU64,
+}
+
+impl DispatchCache {
+    /// How many times the cache was cleared.
+    pub(super) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Relaxed)
+    }
+
+    /// The route of `call`, flattened, by its cache entry: among the latest calls' entries
+    /// where `recent` (compared only where the call was flattened against its tree), else by
+    /// the signature's hash.
+    #[inline]
+    pub(super) fn route(
+        &self,
+        call: &LiveCall<'_, '_>,
+        latest: Option<&Arc<Cached>>,
+        recent: bool,
+    ) -> PyResult<Route<Arc<Cached>>> {
+        let found = if recent {
+            self.cache.probe_recent(latest, |signature| {
+                Ok::<_, PyErr>(
+                    Arc::ptr_eq(&signature.tree, &call.tree) && matches(signature, call)?,
+                )
+            })?
+        } else {
+            None
+        };
+        let (cached, found) = if let Some(cached) = found {
+            (cached, Found::Recent)
+        } else {
+            let hash = match call.hash()? {
+                Ok(hash) => hash,
+                Err(why) => return Ok(Route::Jax(why.fallback())),
+            };
+            match self.cache.lookup(hash, |s| matches(s, call))? {
+                Some(cached) => (cached, Found::Keyed),
+                None => return Ok(Route::Miss(hash)),
+            }
+        };
+        let held = match cached.outcome() {
+            Some(Outcome::Run(_)) => Held::Run,
+            Some(Outcome::Jax(fallback)) => Held::Jax(*fallback),
+            None => Held::Pending(cached.miss_state()),
+        };
+        match route::of_entry(cached, found, held) {
+            Some(route) => Ok(route),
+            // Its miss ended meanwhile: the entry holds its outcome now.
+            None => self.route(call, latest, false),
+        }
+    }
+
+    /// Runs `f` on the latest call's arrays, taken out of their lock, which reading leaves
+    /// (Python) must not hold; another thread's call meanwhile finds none.
+    pub(super) fn with_seen<R>(&self, f: impl FnOnce(&mut SeenArrays) -> R) -> R {
+        let mut seen = std::mem::take(&mut *lock(&self.seen));
+        let result = f(&mut seen);
+        let dropped = std::mem::replace(&mut *lock(&self.seen), seen);
+        drop(dropped);
+        result
+    }
+
+    /// Flattens the call's dynamic arguments and reads their leaves (the arrays of the latest
+    /// call as `seen` remembers them), against the latest entry's tree when the call has it;
+    /// why not, where JAX must handle the call.
+    pub(super) fn flatten<'a, 'py>(
+        &self,
+        py: Python<'py>,
+        h: &Handles,
+        call: &mut LiveCall<'a, 'py>,
+        latest: Option<&'a Arc<Cached>>,
+    ) -> PyResult<Result<(), Unkeyable>> {
+        self.with_seen(|seen| {
+            if let Some(latest) = latest {
+                let tree = &latest.signature.tree;
+                if tree.flat {
+                    if call.dynamic().len() == tree.num_leaves {
+                        if let Some(keys) = seen.read_all(h, call.dynamic())? {
+                            call.set_tree(Cow::Borrowed(tree), None, keys);
+                            return Ok(Ok(()));
+                        }
+                    }
+                } else {
+                    let mut leaves = Vec::with_capacity(tree.num_leaves);
+                    if tree.flatten(h, call.dynamic(), &mut leaves)? {
+                        if let Some(keys) = seen.read_all(h, &leaves)? {
+                            call.set_tree(Cow::Borrowed(tree), Some(leaves), keys);
+                            return Ok(Ok(()));
+                        }
+                    }
+                }
+            }
+            let (tree, leaves) = match Tree::derive(py, h, call.dynamic())? {
+                Ok(derived) => derived,
+                Err(why) => return Ok(Err(why)),
+            };
+            let Some(keys) = seen.read_all(h, &leaves)? else {
+                return Ok(Err(Unkeyable::Leaf));
+            };
+            let tree = self.intern(py, tree)?;
+            let nested = (!tree.flat).then_some(leaves);
+            call.set_tree(Cow::Owned(tree), nested, keys);
+            Ok(Ok(()))
+        })
+    }
+
+    /// The function's own copy of `tree`, shared by the entries that have it.
+    fn intern(&self, py: Python<'_>, tree: Tree) -> PyResult<Arc<Tree>> {
+        let known = lock(&self.trees).get(&tree.hash).cloned();
+        if let Some(known) = known {
+            if known.same(py, &tree)? {
+                return Ok(known);
+            }
+        }
+        let tree = Arc::new(tree);
+        let forgotten = lock(&self.trees).insert(tree.hash, tree.clone());
+        drop(forgotten);
+        Ok(tree)
+    }
+
+    /// Whether `args` are `jax.Array`s with the avals and shardings of `keys`.
+    pub(super) fn holds_arrays(
+        &self,
+        h: &Handles,
+        args: &[Bound<'_, PyAny>],
+        keys: &[LeafKey],
+    ) -> PyResult<bool> {
+        self.with_seen(|seen| {
+            for (position, (arg, key)) in args.iter().zip(keys).enumerate() {
+                let Some(LiveLeaf::Array { aval, sharding, .. }) = seen.read(h, position, arg)?
+                else {
+                    return Ok(false);
+                };
+                if !holds_array(key, &aval, &sharding)? {
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        })
+    }
+
+    /// How many arrays of the latest calls are remembered by weak reference.
+    pub(super) fn held_arrays(&self) -> usize {
+        lock(&self.seen).held()
+    }
+
+    pub(super) fn clear(&self) {
+        self.generation.fetch_add(1, Ordering::Relaxed);
+        let entries = self.cache.drain();
+        let trees = lock(&self.trees).clear();
+        let seen = std::mem::take(&mut *lock(&self.seen));
+        drop((entries, trees, seen));
+    }
+}
+
+#[pymethods]
+impl DispatchCache {
+    /// An empty cache for the function named `name` (`module.qualname`) in `fastpjit.stats()`,
+    /// defined at `place` (`file:line`, or empty), whose static arguments are these.
+    #[new]
+    #[pyo3(signature = (name, static_argnums, static_argnames, capacity = 4096, context = true, place = ""))]
+    fn new(
+        name: &str,
+        static_argnums: Vec<isize>,
+        static_argnames: Vec<Py<PyString>>,
+        capacity: usize,
+        context: bool,
+        place: &str,
+    ) -> Self {
+        Self {
+            statics: StaticArgs {
+                argnums: static_argnums,
+                argnames: static_argnames,
+            },
+            stats: function_stats(name, place),
+            cache: EntryCache::new(capacity),
+            trees: Mutex::new(BoundedMap::new(TREES)),
+            seen: Mutex::new(SeenArrays::default()),
+            keyed_by_context: context,
+            delegation: Delegation::default(),
+            generation: AtomicU64::new(0),
+        }
+    }
+
+    /// Forgets every cached executable.
+    #[pyo3(name = "_clear")]
+    fn py_clear(&self) {
+        self.clear();
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        for name in &self.statics.argnames {
+            visit.call(name)?;
+        }
+        // What an entry holds that may lead back to a function: the caller's objects (static
+        // arguments, dict keys, pytree node types and data) and the output tree.
+        self.cache.try_for_each(|cached| {
+            signature::traverse(&cached.signature, &visit)?;
+            if let Some(Outcome::Run(entry)) = cached.outcome() {
+                entry.traverse(&visit)?;
+            }
+            Ok(())
+        })?;
+        if let Ok(trees) = self.trees.try_lock() {
+            for tree in trees.values() {
+                tree.traverse(&visit)?;
+            }
+        }
+        if let Ok(seen) = self.seen.try_lock() {
+            seen.traverse(&visit)?;
+        }
+        Ok(())
+    }
+
+    fn __clear__(&self) {
+        self.clear();
+    }
+}
