@@ -133,6 +133,17 @@ pub fn count_fallback(fallback: Fallback) {
     OTHERS.count_fallback(fallback);
 }
 
+/// How many fallbacks of `fallback` no function's call made, so far.
+#[cfg(test)]
+pub fn others_fallbacks(fallback: Fallback) -> u64 {
+    OTHERS
+        .counts()
+        .fallbacks
+        .get(&fallback)
+        .copied()
+        .unwrap_or(0)
+}
+
 /// `{code: n}` of counted fallbacks.
 fn fallback_counts<'py>(
     py: Python<'py>,

@@ -4,7 +4,9 @@
 use std::sync::Arc;
 
 use fastpjit_core::strided::{assemble, Placement, StridedView};
-use fastpjit_core::transfer::{DistinctTiles, HostLayout, PutMethod, Staging, ADOPT_ALIGN};
+use fastpjit_core::transfer::{
+    copy_threads, int_fits, DistinctTiles, HostLayout, PutMethod, Staging, ADOPT_ALIGN,
+};
 use fastpjit_core::{Fallback, Whole};
 use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
@@ -188,10 +190,7 @@ fn host_array<'py>(x: &Bound<'py, PyAny>) -> PyResult<(Bound<'py, PyAny>, bool)>
 /// numpy's own message would not name the value for ints beyond 64 bits.
 fn check_int_fits(x: &Bound<'_, PyAny>, dtype: &Bound<'_, PyAny>) -> PyResult<()> {
     let bits = dtype.cast::<PyArrayDescr>()?.itemsize() * 8;
-    let fits = x
-        .extract::<i64>()
-        .is_ok_and(|v| bits >= 64 || (i64::from(i32::MIN)..=i64::from(i32::MAX)).contains(&v));
-    if fits {
+    if int_fits(x.extract::<i64>().ok(), bits) {
         return Ok(());
     }
     Err(Error::Overflow(format!("Python int {x} too large to convert to {dtype}").into()).into())
@@ -555,14 +554,6 @@ fn get_plan(sharding: &Bound<'_, PyAny>, shape: &[usize]) -> PyResult<Arc<GetPla
     Ok(plan)
 }
 
-/// Threads for large host copies: the machine's parallelism, read once (reading it costs
-/// system calls).
-fn copy_threads() -> usize {
-    static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *THREADS
-        .get_or_init(|| std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get))
-}
-
 /// A numpy array's bytes and a strided view over them.
 ///
 /// # Safety
@@ -832,4 +823,119 @@ pub fn transfer_cache_sizes() -> (usize, usize, usize, usize) {
 #[pyfunction]
 pub fn transfers_guarded(direction: &Bound<'_, PyString>) -> PyResult<bool> {
     handles(direction.py())?.transfers_guarded(direction)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::CStr;
+
+    use pyo3::exceptions::PyOverflowError;
+    use pyo3::types::PyModule;
+
+    use super::*;
+
+    /// Values placed and fetched, and what JAX and numpy say of them (the oracles).
+    const HELPERS: &CStr = cr#"
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P, SingleDeviceSharding
+
+
+def targets():
+    devices = np.array(jax.devices()[:8]).reshape(2, 4)
+    mesh = jax.sharding.Mesh(devices, ("x", "y"))
+    return [SingleDeviceSharding(jax.devices()[1]), NamedSharding(mesh, P("x", "y")),
+            NamedSharding(mesh, P(None, "y")), NamedSharding(mesh, P())]
+
+
+def values():
+    return [np.arange(32, dtype=np.float32).reshape(4, 8), np.arange(32.0).reshape(8, 4).T,
+            np.asfortranarray(np.arange(32, dtype=np.int32).reshape(4, 8))]
+
+
+def same_as_jax(ours, value, sharding):
+    theirs = jax.device_put(value, sharding)
+    assert type(ours) is type(theirs), (type(ours), type(theirs))
+    assert ours.sharding == theirs.sharding and ours.dtype == theirs.dtype
+    assert ours.committed == theirs.committed and ours.aval == theirs.aval
+    for a, b in zip(ours.addressable_shards, theirs.addressable_shards, strict=True):
+        assert a.device == b.device and a.index == b.index
+        assert np.array_equal(np.asarray(a.data), np.asarray(b.data))
+    return True
+
+
+def same_host_value(ours, array):
+    expected = np.asarray(array)
+    assert type(ours) is np.ndarray and ours.dtype == expected.dtype
+    return bool(np.array_equal(ours, expected))
+
+
+def float0():
+    return np.zeros(3, jax.dtypes.float0)
+"#;
+
+    fn helpers(py: Python<'_>) -> Bound<'_, PyModule> {
+        py.import("fastpjit_transfer_helpers").unwrap_or_else(|_| {
+            PyModule::from_code(
+                py,
+                HELPERS,
+                c"fastpjit_transfer_helpers.py",
+                c"fastpjit_transfer_helpers",
+            )
+            .unwrap()
+        })
+    }
+
+    fn list<'py>(m: &Bound<'py, PyModule>, name: &str) -> Vec<Bound<'py, PyAny>> {
+        m.call_method0(name).unwrap().extract().unwrap()
+    }
+
+    #[test]
+    fn the_put_path_places_what_jax_places_and_the_get_path_fetches_it_back() {
+        Python::initialize();
+        Python::attach(|py| {
+            let m = helpers(py);
+            for sharding in list(&m, "targets") {
+                for value in list(&m, "values") {
+                    let placed = device_put_leaf(&value, &sharding, true).unwrap();
+                    let same = m.call_method1("same_as_jax", (&placed, &value, &sharding));
+                    assert!(
+                        same.unwrap().is_truthy().unwrap(),
+                        "{value:?} on {sharding:?}"
+                    );
+                    let fetched = get_host_value(&placed).unwrap();
+                    let back = m.call_method1("same_host_value", (&fetched, &placed));
+                    assert!(
+                        back.unwrap().is_truthy().unwrap(),
+                        "{value:?} on {sharding:?}"
+                    );
+                }
+            }
+        });
+    }
+
+    #[test]
+    fn the_put_path_refuses_what_jax_refuses_and_counts_what_jax_places() {
+        Python::initialize();
+        Python::attach(|py| {
+            let m = helpers(py);
+            let sharding = list(&m, "targets").swap_remove(0);
+            // A Python int beyond int32 (x64 off): JAX's OverflowError, naming the value.
+            let wide = (1_i64 << 40).into_pyobject(py).unwrap().into_any();
+            let err = device_put_leaf(&wide, &sharding, true).unwrap_err();
+            assert!(err.is_instance_of::<PyOverflowError>(py), "{err}");
+            assert!(err.to_string().contains("1099511627776"), "{err}");
+            // float0 has no bytes to place: JAX does it, counted under its code.
+            let before = crate::stats::others_fallbacks(Fallback::Whole(Whole::PutFloat0));
+            let float0 = m.call_method0("float0").unwrap();
+            let placed = device_put_leaf(&float0, &sharding, true).unwrap();
+            assert!(placed
+                .getattr("dtype")
+                .unwrap()
+                .eq(float0.getattr("dtype").unwrap())
+                .unwrap());
+            let after = crate::stats::others_fallbacks(Fallback::Whole(Whole::PutFloat0));
+            assert_eq!(after, before + 1);
+        });
+    }
 }

@@ -214,6 +214,20 @@ impl Staging {
     }
 }
 
+/// Whether a Python int of value `value` (None: beyond 64 bits) fits a JAX integer dtype of
+/// `bits` bits (int32, or int64 with x64), as JAX checks before it places one.
+pub fn int_fits(value: Option<i64>, bits: usize) -> bool {
+    value.is_some_and(|v| bits >= 64 || i32::try_from(v).is_ok())
+}
+
+/// Threads for large host copies: the machine's parallelism, read once (reading it costs
+/// system calls).
+pub fn copy_threads() -> usize {
+    static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *THREADS
+        .get_or_init(|| std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get))
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
@@ -455,5 +469,22 @@ mod tests {
                 prop_assert_eq!(buffer, &expected);
             }
         }
+    }
+
+    #[test]
+    fn ints_fit_their_dtype_as_jax_checks() {
+        assert!(int_fits(Some(i64::from(i32::MAX)), 32));
+        assert!(!int_fits(Some(i64::from(i32::MAX) + 1), 32));
+        assert!(int_fits(Some(i64::from(i32::MIN)), 32));
+        assert!(!int_fits(Some(i64::from(i32::MIN) - 1), 32));
+        assert!(int_fits(Some(i64::MAX), 64));
+        // Beyond 64 bits, nothing holds it.
+        assert!(!int_fits(None, 64));
+    }
+
+    #[test]
+    fn there_is_at_least_one_copy_thread() {
+        assert!(copy_threads() >= 1);
+        assert_eq!(copy_threads(), copy_threads());
     }
 }

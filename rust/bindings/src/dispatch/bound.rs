@@ -11,7 +11,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use fastpjit_core::dispatch::Learning;
+use fastpjit_core::dispatch::{can_run, can_teach, Learning};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
@@ -301,9 +301,6 @@ impl JitFunction {
         rest: usize,
     ) -> PyResult<Option<BoundPath>> {
         let rest_args = &all.as_slice()[all.len() - rest..];
-        if !self.statics.is_empty() || !rest_args.iter().all(|arg| h.is_array(arg)) {
-            return Ok(None);
-        }
         let Some(cached) = self.cache.latest() else {
             return Ok(None);
         };
@@ -311,6 +308,10 @@ impl JitFunction {
             return Ok(None);
         };
         let signature = &cached.signature;
+        let own_arrays = rest_args.iter().all(|arg| h.is_array(arg));
+        if !can_teach(!self.statics.is_empty(), own_arrays) {
+            return Ok(None);
+        }
         let Some(taken) = entry.taken_as_is() else {
             return Ok(None);
         };
@@ -361,21 +362,18 @@ impl JitFunction {
         clock: &mut Option<Clock>,
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
         let py = rest.py();
-        let Some(Outcome::Run(entry)) = path.entry.outcome() else {
-            return Ok(None);
+        let entry = match path.entry.outcome() {
+            Some(Outcome::Run(entry)) if self.is_current(path) => entry,
+            _ => return Ok(None),
         };
-        if !self.is_current(path) {
-            return Ok(None);
-        }
         let context = if self.keyed_by_context {
             LiveContext::read(py, h)?
         } else {
             LiveContext::none(py)
         };
         let signature = &path.entry.signature;
-        if context.post_hook().is_some()
-            || !is_positional_under(signature, path.num_bound_args + rest.len(), &context)
-        {
+        let positional = is_positional_under(signature, path.num_bound_args + rest.len(), &context);
+        if !can_run(context.post_hook().is_some(), positional) {
             return Ok(None);
         }
         let Some(own) = path.own_keys(signature.leaves.len(), rest.len()) else {

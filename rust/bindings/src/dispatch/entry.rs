@@ -6,7 +6,7 @@
 
 use std::sync::{Mutex, PoisonError};
 
-use fastpjit_core::dispatch::plan::{self, InputPlan};
+use fastpjit_core::dispatch::plan::{self, InputPlan, OutputForm};
 use fastpjit_core::timing::Stage;
 use fastpjit_core::{HitInputs, KeptValues, LatestCopy};
 use numpy::npyffi::{NPY_ORDER, PY_ARRAY_API};
@@ -111,14 +111,7 @@ struct HostArg {
 const KEPT_ARRAY_BYTES: usize = 1024;
 
 /// How the outputs, as the executable gives them (a list), become the call's result.
-enum Outputs {
-    /// One bare leaf.
-    Leaf,
-    /// Built here: a tree of builtin containers.
-    Builtin(Tree),
-    /// Built by the output treedef's `unflatten`.
-    Unflatten(Py<PyAny>),
-}
+type Outputs = OutputForm<Tree, Py<PyAny>>;
 
 pub struct Entry {
     execute_sharded: Py<PyAny>,
@@ -202,13 +195,12 @@ impl Entry {
         let node_count: usize = out_treedef
             .getattr(names(py).num_nodes.bind(py))?
             .extract()?;
-        let outputs = if leaf_count == 1 && node_count == 1 {
-            Outputs::Leaf
-        } else if let Some(tree) = Tree::of_builtin_treedef(out_treedef)? {
-            Outputs::Builtin(tree)
-        } else {
-            Outputs::Unflatten(out_treedef.getattr(names(py).unflatten.bind(py))?.unbind())
-        };
+        let outputs = Outputs::choose(
+            leaf_count,
+            node_count,
+            || Tree::of_builtin_treedef(out_treedef),
+            || Ok(out_treedef.getattr(names(py).unflatten.bind(py))?.unbind()),
+        )?;
         Ok(Self {
             execute_sharded: fast
                 .executable

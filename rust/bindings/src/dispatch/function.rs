@@ -530,3 +530,154 @@ fn carries_numpy_array(
     };
     args.iter().any(carries) || kwargs.is_some_and(|kwargs| kwargs.values().iter().any(carries))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::CStr;
+
+    use fastpjit_core::dispatch::{Found, RECENT};
+    use pyo3::types::PyModule;
+
+    use super::*;
+    use crate::dispatch::FastPath;
+
+    /// jit functions of this crate's classes (the installed module's are other types), whose
+    /// misses are fastpjit's, rebuilt as this crate's `CacheMiss`.
+    const HELPERS: &CStr = cr#"
+import jax
+import jax.numpy as jnp
+from fastpjit._jax.jit_miss import jit_cache_miss
+
+FIELDS = ("executable", "out_treedef", "out_handlers", "in_shardings", "kept", "const_args",
+          "donated", "in_global", "out_local", "out_shardings")
+
+
+def jit(core, fun, static_argnums=()):
+    jitted = jax.jit(fun, static_argnums=static_argnums)
+
+    def miss(args, kwargs):
+        ours = jit_cache_miss(jitted, args, kwargs)
+        fast = ours.fast_path
+        if fast is not None:
+            fast = core.FastPath(**{name: getattr(fast, name) for name in FIELDS})
+        return core.CacheMiss(
+            ours.outputs, fast, compiles=ours.compiles, jax_reason=ours.jax_reason
+        )
+
+    cache = core.DispatchCache("route_test", list(static_argnums), [])
+    return core.JitFunction(jitted, miss, cache)
+
+
+def functions(core):
+    return jit(core, lambda x: x * 2), jit(core, lambda x, n: x * n, static_argnums=(1,))
+
+
+def arrays():
+    return jnp.arange(4.0), jnp.arange(5.0)
+
+
+def arrays_of_sizes(n):
+    return [jnp.ones(6 + i) for i in range(n)]
+
+
+def disable_jit():
+    return jax.disable_jit()
+"#;
+
+    fn helpers(py: Python<'_>) -> Bound<'_, PyModule> {
+        py.import("fastpjit_route_helpers").unwrap_or_else(|_| {
+            PyModule::from_code(
+                py,
+                HELPERS,
+                c"fastpjit_route_helpers.py",
+                c"fastpjit_route_helpers",
+            )
+            .unwrap()
+        })
+    }
+
+    /// The route of a call of `f`, as plain data: a hit and where it was found, a miss, or
+    /// JAX and why.
+    #[derive(Debug, PartialEq)]
+    enum Took {
+        Hit(Found),
+        Miss,
+        Jax(Fallback),
+        Other,
+    }
+
+    fn route_of(f: &Bound<'_, JitFunction>, args: &Bound<'_, PyTuple>) -> Took {
+        let (py, this) = (f.py(), f.get());
+        let h = handles(py).unwrap();
+        let latest = this.cache.latest();
+        let route = match this
+            .read_call(py, h, args, None, latest.as_ref(), Routing::Probe)
+            .unwrap()
+        {
+            Ok(call) => this.route(&call, latest.as_ref(), true).unwrap(),
+            Err(early) => early.into(),
+        };
+        match route {
+            Route::Hit(_, found) => Took::Hit(found),
+            Route::Miss(_) => Took::Miss,
+            Route::Jax(fallback) => Took::Jax(fallback),
+            Route::Wait(_) | Route::Delegate(_) => Took::Other,
+        }
+    }
+
+    fn args<'py>(items: &[&Bound<'py, PyAny>]) -> Bound<'py, PyTuple> {
+        PyTuple::new(items[0].py(), items).unwrap()
+    }
+
+    #[test]
+    fn a_call_routes_to_a_miss_then_a_hit_and_to_jax_where_it_must() {
+        Python::initialize();
+        Python::attach(|py| {
+            let module = helpers(py);
+            let core = PyModule::new(py, "route_test_core").unwrap();
+            core.add_class::<JitFunction>().unwrap();
+            core.add_class::<DispatchCache>().unwrap();
+            core.add_class::<CacheMiss>().unwrap();
+            core.add_class::<FastPath>().unwrap();
+            let (f, g): (Bound<'_, PyAny>, Bound<'_, PyAny>) = module
+                .call_method1("functions", (&core,))
+                .unwrap()
+                .extract()
+                .unwrap();
+            let f = f.cast_into::<JitFunction>().unwrap();
+            let (x, y): (Bound<'_, PyAny>, Bound<'_, PyAny>) =
+                module.call_method0("arrays").unwrap().extract().unwrap();
+            assert_eq!(route_of(&f, &args(&[&x])), Took::Miss);
+            f.call1((&x,)).unwrap();
+            assert_eq!(route_of(&f, &args(&[&x])), Took::Hit(Found::Recent));
+            assert_eq!(route_of(&f, &args(&[&y])), Took::Miss);
+            f.call1((&y,)).unwrap();
+            f.call1((&x,)).unwrap();
+            // Alternating signatures are among the latest calls' entries.
+            assert_eq!(route_of(&f, &args(&[&y])), Took::Hit(Found::Recent));
+            // Past them, an entry is found by the signature's hash.
+            let others = module.call_method1("arrays_of_sizes", (RECENT,)).unwrap();
+            for other in others.try_iter().unwrap() {
+                f.call1((other.unwrap(),)).unwrap();
+            }
+            assert_eq!(route_of(&f, &args(&[&y])), Took::Hit(Found::Keyed));
+            let text = "not an array".into_pyobject(py).unwrap().into_any();
+            assert_eq!(
+                route_of(&f, &args(&[&text])),
+                Took::Jax(Fallback::NOT_AN_ARRAY)
+            );
+            let disabled = module.call_method0("disable_jit").unwrap();
+            disabled.call_method0("__enter__").unwrap();
+            let under = route_of(&f, &args(&[&x]));
+            let none = py.None().into_bound(py);
+            disabled
+                .call_method1("__exit__", (&none, &none, &none))
+                .unwrap();
+            assert_eq!(under, Took::Jax(Fallback::DISABLE_JIT));
+            let g = g.cast_into::<JitFunction>().unwrap();
+            let unhashable = pyo3::types::PyList::empty(py).into_any();
+            let unkeyable = Took::Jax(Unkeyable::UnhashableStatic.fallback());
+            assert_eq!(route_of(&g, &args(&[&x, &unhashable])), unkeyable);
+        });
+    }
+}

@@ -8,10 +8,10 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
+use fastpjit_core::dispatch::memo::LeafMemo;
 use fastpjit_core::dispatch::seen::SeenArrays as Remembered;
 pub use fastpjit_core::dispatch::{AvalValue, DtypeKey, HostKind, ScalarKind, ShardingId};
 use fastpjit_core::dispatch::{Descr, SEEN_POSITIONS};
-use fastpjit_core::{BoundedMap, LeastRecent, Recency, UseStamp};
 use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
@@ -270,53 +270,12 @@ fn read_aval(aval: &Bound<'_, PyAny>) -> PyResult<Option<AvalValue>> {
     Ok(Some(AvalValue::new(dtype, shape, weak_type)))
 }
 
-type Memo<V> = BoundedMap<usize, (Py<PyAny>, V)>;
+/// The avals and shardings remembered (see the core's `LeafMemo`).
+static MEMO: Mutex<Option<LeafMemo<Py<PyAny>>>> = Mutex::new(None);
 
-/// Avals and shardings by identity, each with what comparing and hashing it needs; bounded,
-/// and holding every object it has, so that an identity stays valid while it is a key here.
-/// Shardings also have a representative per value: a sharding object seen for the first time
-/// is compared by `==` with the representatives of its hash, and takes the id of the one it
-/// equals, so that later comparisons of shardings are comparisons of ids.
-struct LeafMemo {
-    avals: Memo<Arc<AvalValue>>,
-    shardings: Memo<ShardingId>,
-    /// By hash; when full, the value found least recently goes, and every object is read
-    /// again, so that all objects of a value have one id. A value that comes back after it
-    /// went has a new id, and signatures kept with the old one miss, no more. (Forgetting every
-    /// value instead made every sharding in use miss once, whenever a program had made more
-    /// values than the memo holds.)
-    representatives: BoundedMap<isize, Representative, LeastRecent>,
-    next_id: ShardingId,
-}
-
-/// The sharding that stands for its value, the value's id, and when it was last found.
-struct Representative {
-    sharding: Py<PyAny>,
-    id: ShardingId,
-    found: UseStamp,
-}
-
-impl Recency for Representative {
-    fn last_used(&self) -> u64 {
-        self.found.get()
-    }
-}
-
-const MEMO_AVALS: usize = 8192;
-const MEMO_SHARDINGS: usize = 2048;
-const MEMO_SHARDING_VALUES: usize = 1024;
-
-static MEMO: Mutex<Option<LeafMemo>> = Mutex::new(None);
-
-fn with_memo<R>(f: impl FnOnce(&mut LeafMemo) -> R) -> R {
+fn with_memo<R>(f: impl FnOnce(&mut LeafMemo<Py<PyAny>>) -> R) -> R {
     let mut guard = MEMO.lock().unwrap_or_else(PoisonError::into_inner);
-    let memo = guard.get_or_insert_with(|| LeafMemo {
-        avals: Memo::new(MEMO_AVALS),
-        shardings: Memo::new(MEMO_SHARDINGS),
-        representatives: BoundedMap::new(MEMO_SHARDING_VALUES),
-        next_id: 0,
-    });
-    f(memo)
+    f(guard.get_or_insert_with(LeafMemo::default))
 }
 
 /// The value hash of each array leaf's aval and its sharding's id, `(0, 0)` at other leaves;
@@ -329,10 +288,9 @@ pub fn array_hashes(leaves: &[LiveLeaf<'_>]) -> PyResult<Option<Vec<(u64, Shardi
         for (i, leaf) in leaves.iter().enumerate() {
             let known = match leaf {
                 LiveLeaf::Array { aval, sharding, .. } => memo
-                    .avals
-                    .get(&id(aval))
-                    .zip(memo.shardings.get(&id(sharding)))
-                    .map(|((_, aval), (_, sharding))| (aval.hash, *sharding)),
+                    .aval(id(aval))
+                    .zip(memo.sharding(id(sharding)))
+                    .map(|(aval, sharding)| (aval.hash, sharding)),
                 _ => Some((0, 0)),
             };
             hashes.push(known.unwrap_or_default());
@@ -355,91 +313,61 @@ pub fn array_hashes(leaves: &[LiveLeaf<'_>]) -> PyResult<Option<Vec<(u64, Shardi
 
 /// The value of `aval`, remembered.
 pub fn aval_value(aval: &Bound<'_, PyAny>) -> PyResult<Option<Arc<AvalValue>>> {
-    if let Some(value) = with_memo(|memo| memo.avals.get(&id(aval)).map(|(_, v)| v.clone())) {
+    if let Some(value) = with_memo(|memo| memo.aval(id(aval)).cloned()) {
         return Ok(Some(value));
     }
     let Some(value) = read_aval(aval)? else {
         return Ok(None);
     };
     let value = Arc::new(value);
-    let evicted = with_memo(|memo| {
-        memo.avals
-            .insert(id(aval), (aval.clone().unbind(), value.clone()))
-    });
+    let released =
+        with_memo(|memo| memo.remember_aval(id(aval), aval.clone().unbind(), value.clone()));
     // Released outside the lock: freeing an object can run Python.
-    drop(evicted);
+    drop(released);
     Ok(Some(value))
 }
 
 /// The id of `sharding`'s value, remembered.
 pub fn sharding_id(sharding: &Bound<'_, PyAny>) -> PyResult<ShardingId> {
     let address = id(sharding);
-    if let Some(id) = with_memo(|memo| memo.shardings.get(&address).map(|(_, i)| *i)) {
+    if let Some(id) = with_memo(|memo| memo.sharding(address)) {
         return Ok(id);
     }
     let py = sharding.py();
     let hash = sharding.hash()?;
     let representatives: Vec<(Py<PyAny>, ShardingId)> = with_memo(|memo| {
-        let found = memo.representatives.bucket(&hash);
-        found
-            .iter()
-            .map(|r| (r.sharding.clone_ref(py), r.id))
+        memo.representatives(hash)
+            .map(|(r, id)| (r.clone_ref(py), id))
             .collect()
     });
-    let mut found = None;
+    // `==` runs Python, outside the lock.
+    let mut equal = None;
     for (representative, id) in &representatives {
         if representative.bind(py).eq(sharding)? {
-            found = Some(*id);
+            equal = Some(*id);
             break;
         }
     }
-    let (id, forgotten) = with_memo(|memo| {
-        // `==` ran Python outside the lock: the representative found may have gone since.
-        let kept = found.and_then(|id| {
-            let bucket = memo.representatives.bucket(&hash);
-            bucket.iter().find(|r| r.id == id)
-        });
-        let (id, forgotten_values, forgotten_objects) = if let Some(kept) = kept {
-            kept.found.mark();
-            (kept.id, None, None)
-        } else {
-            memo.next_id += 1;
-            let id = memo.next_id;
-            let representative = Representative {
-                sharding: sharding.clone().unbind(),
-                id,
-                found: UseStamp::now(),
-            };
-            let values = memo.representatives.push(hash, representative);
-            // An object remembered with the id of a value that went would keep that id while
-            // new objects of the value take another: every object is read again.
-            let objects = (!values.is_empty()).then(|| memo.shardings.clear());
-            (id, Some(values), objects)
-        };
-        let forgotten = memo
-            .shardings
-            .insert(address, (sharding.clone().unbind(), id));
-        (id, (forgotten_values, forgotten_objects, forgotten))
+    let (id, released) = with_memo(|memo| {
+        let object = sharding.clone().unbind();
+        memo.remember_sharding(address, hash, object, equal, || sharding.clone().unbind())
     });
     // Released after the lock: freeing Python objects can run Python.
-    drop(forgotten);
+    drop((released, representatives));
     Ok(id)
 }
 
 /// Forgets the avals and shardings that the dispatcher remembers (`jax.clear_caches()`).
 #[pyfunction]
 pub fn clear_dispatch_memo() {
-    let evicted = with_memo(|memo| {
-        let representatives = memo.representatives.clear();
-        (memo.avals.clear(), memo.shardings.clear(), representatives)
-    });
-    drop(evicted);
+    let released = with_memo(LeafMemo::clear);
+    drop(released);
 }
 
 /// How many avals and shardings the dispatcher remembers.
 #[pyfunction]
 pub fn dispatch_memo_sizes() -> (usize, usize) {
-    with_memo(|memo| (memo.avals.len(), memo.shardings.len()))
+    with_memo(|memo| memo.sizes())
 }
 
 fn id(obj: &Bound<'_, PyAny>) -> usize {

@@ -8,56 +8,51 @@
 //! An executable's output tree of builtin containers is kept here too, and built from its
 //! outputs.
 
-use std::hash::{Hash, Hasher};
 use std::sync::{Arc, LazyLock};
 
+use fastpjit_core::dispatch::tree as core_tree;
 use fastpjit_core::dispatch::{Unkeyable, MAX_TREE_DEPTH as MAX_DEPTH};
 use pyo3::ffi;
 use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple, PyType};
 use pyo3::PyTraverseError;
-use rustc_hash::{FxHashMap, FxHasher};
+use rustc_hash::FxHashMap;
 
 use crate::errors::DispatchError;
 use crate::handles::{names, Handles};
 use crate::memo::SharedMemo;
 
-pub enum Node {
-    Leaf,
-    Nothing,
-    Tuple(usize),
-    List(usize),
-    /// A dict's keys in JAX's order (sorted), and where each key of the dict that the tree was
-    /// read from, in that dict's own order, comes among them: a dict whose keys come in the
-    /// same order (as the same objects) is flattened without looking a key up.
-    Dict {
-        keys: Vec<Py<PyAny>>,
-        order: Vec<u32>,
-    },
-    /// An instance of a class registered with `jax.tree_util.register_dataclass`, taken apart
-    /// here as JAX's registry does: its data fields are its children, and the values of its
-    /// meta fields (compared by `==`) are its node data.
-    Dataclass {
-        kind: Py<PyType>,
-        fields: Arc<DataclassFields>,
-        meta: Vec<Py<PyAny>>,
-    },
-    /// A node that JAX's registry takes apart: its type, its node data (JAX's treedefs
-    /// compare it by `==`), and how many children it has.
-    Registered {
-        kind: Py<PyType>,
-        data: Py<PyAny>,
-        data_hash: isize,
-        arity: usize,
-    },
+/// The handles of a tree read here: Python objects, types and attribute names.
+pub struct PyHandles;
+
+impl core_tree::Handles for PyHandles {
+    type Object = Py<PyAny>;
+    type Type = Py<PyType>;
+    type Name = Py<PyString>;
 }
 
-/// The attribute names of a registered dataclass.
-pub struct DataclassFields {
-    data: Vec<Py<PyString>>,
-    meta: Vec<Py<PyString>>,
+/// Objects compared and hashed by Python, under the GIL.
+struct Live<'py>(Python<'py>);
+
+impl core_tree::Objects<PyHandles> for Live<'_> {
+    type Error = PyErr;
+
+    fn hash(&self, object: &Py<PyAny>) -> PyResult<isize> {
+        object.bind(self.0).hash()
+    }
+
+    fn eq(&self, a: &Py<PyAny>, b: &Py<PyAny>) -> PyResult<bool> {
+        Ok(a.is(b) || a.bind(self.0).eq(b.bind(self.0))?)
+    }
+
+    fn type_id(&self, kind: &Py<PyType>) -> usize {
+        kind.as_ptr() as usize
+    }
 }
+
+pub type Node = core_tree::Node<PyHandles>;
+pub type DataclassFields = core_tree::DataclassFields<PyHandles>;
 
 /// The fields of each type seen, by identity (held): `None` for a type that is no registered
 /// dataclass. Types are few and long-lived; the map forgets everything when full.
@@ -100,26 +95,23 @@ fn dataclass_fields(
     Ok(fields)
 }
 
-/// The nodes of each dynamic argument in turn, in preorder.
-pub struct Tree {
-    nodes: Vec<Node>,
-    pub hash: u64,
-    pub num_leaves: usize,
-    /// Whether every dynamic argument is a leaf: the leaves are the arguments.
-    pub flat: bool,
+/// A call's tree (see the core's `Tree`), with how it is read from Python values and how an
+/// output tree builds them.
+pub struct Tree(core_tree::Tree<PyHandles>);
+
+impl std::ops::Deref for Tree {
+    type Target = core_tree::Tree<PyHandles>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
 }
 
 impl Tree {
     /// The tree of a call without dynamic arguments, shared.
     pub fn empty() -> &'static Arc<Self> {
-        static EMPTY: LazyLock<Arc<Tree>> = LazyLock::new(|| {
-            Arc::new(Tree {
-                nodes: Vec::new(),
-                hash: 0,
-                num_leaves: 0,
-                flat: true,
-            })
-        });
+        static EMPTY: LazyLock<Arc<Tree>> =
+            LazyLock::new(|| Arc::new(Tree(core_tree::Tree::empty())));
         &EMPTY
     }
 
@@ -143,39 +135,7 @@ impl Tree {
     }
 
     fn of(py: Python<'_>, nodes: Vec<Node>, num_leaves: usize) -> PyResult<Self> {
-        let mut hasher = FxHasher::default();
-        for node in &nodes {
-            match node {
-                Node::Leaf => 0u8.hash(&mut hasher),
-                Node::Nothing => 1u8.hash(&mut hasher),
-                Node::Tuple(n) => (2u8, n).hash(&mut hasher),
-                Node::List(n) => (3u8, n).hash(&mut hasher),
-                Node::Dict { keys, .. } => {
-                    (4u8, keys.len()).hash(&mut hasher);
-                    for key in keys {
-                        key.bind(py).hash()?.hash(&mut hasher);
-                    }
-                }
-                Node::Registered {
-                    kind,
-                    data_hash,
-                    arity,
-                    ..
-                } => (5u8, kind.as_ptr() as usize, data_hash, arity).hash(&mut hasher),
-                Node::Dataclass { kind, meta, .. } => {
-                    (6u8, kind.as_ptr() as usize, meta.len()).hash(&mut hasher);
-                    for value in meta {
-                        value.bind(py).hash()?.hash(&mut hasher);
-                    }
-                }
-            }
-        }
-        Ok(Self {
-            flat: nodes.iter().all(|n| matches!(n, Node::Leaf)),
-            nodes,
-            hash: hasher.finish(),
-            num_leaves,
-        })
+        core_tree::Tree::new(nodes, num_leaves, &Live(py)).map(Self)
     }
 
     /// Pushes the leaves of `args` onto `leaves` if `args` have this tree; false if they do
@@ -220,83 +180,13 @@ impl Tree {
 
     /// Visits the objects the tree holds: dict keys, node types, node data.
     pub fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
-        for node in &self.nodes {
-            match node {
-                Node::Leaf | Node::Nothing | Node::Tuple(_) | Node::List(_) => {}
-                Node::Dict { keys, .. } => {
-                    for key in keys {
-                        visit.call(key)?;
-                    }
-                }
-                Node::Dataclass { kind, meta, .. } => {
-                    visit.call(kind)?;
-                    for value in meta {
-                        visit.call(value)?;
-                    }
-                }
-                Node::Registered { kind, data, .. } => {
-                    visit.call(kind)?;
-                    visit.call(data)?;
-                }
-            }
-        }
-        Ok(())
+        self.try_for_each_handle(|object| visit.call(object), |kind| visit.call(kind))
     }
 
-    /// Whether two trees are the same (dict keys and treedefs compared by `==`).
+    /// Whether two trees are the same (dict keys and node data compared by `==`).
     pub fn same(&self, py: Python<'_>, other: &Self) -> PyResult<bool> {
-        if self.hash != other.hash || self.nodes.len() != other.nodes.len() {
-            return Ok(false);
-        }
-        for (a, b) in self.nodes.iter().zip(&other.nodes) {
-            let same = match (a, b) {
-                (Node::Leaf, Node::Leaf) | (Node::Nothing, Node::Nothing) => true,
-                (Node::Tuple(m), Node::Tuple(n)) | (Node::List(m), Node::List(n)) => m == n,
-                (Node::Dict { keys: a, .. }, Node::Dict { keys: b, .. }) => {
-                    a.len() == b.len() && all_equal(py, a.iter().zip(b))?
-                }
-                (
-                    Node::Registered {
-                        kind: a,
-                        data: a_data,
-                        arity: m,
-                        ..
-                    },
-                    Node::Registered {
-                        kind: b,
-                        data: b_data,
-                        arity: n,
-                        ..
-                    },
-                ) => a.is(b) && m == n && (a_data.is(b_data) || a_data.bind(py).eq(b_data)?),
-                (
-                    Node::Dataclass {
-                        kind: a, meta: m, ..
-                    },
-                    Node::Dataclass {
-                        kind: b, meta: n, ..
-                    },
-                ) => a.is(b) && m.len() == n.len() && all_equal(py, m.iter().zip(n))?,
-                _ => false,
-            };
-            if !same {
-                return Ok(false);
-            }
-        }
-        Ok(true)
+        self.0.same(other, &Live(py))
     }
-}
-
-fn all_equal<'a>(
-    py: Python<'_>,
-    pairs: impl Iterator<Item = (&'a Py<PyAny>, &'a Py<PyAny>)>,
-) -> PyResult<bool> {
-    for (a, b) in pairs {
-        if !(a.is(b) || a.bind(py).eq(b.bind(py))?) {
-            return Ok(false);
-        }
-    }
-    Ok(true)
 }
 
 /// Appends the nodes and leaves of `value`, a node `depth` containers deep; why not if it

@@ -79,6 +79,20 @@ impl<E, L> BoundPath<E, L> {
     }
 }
 
+/// Whether a call of a bound function can teach it a path (whose entry takes its arrays as
+/// they are): one of a function without static arguments (whose leaves would not be the
+/// call's), with arrays after the bound arguments.
+pub fn can_teach(has_static_args: bool, own_args_are_arrays: bool) -> bool {
+    !has_static_args && own_args_are_arrays
+}
+
+/// Whether a call can run on a current path: one with no post-hook to run after it
+/// (`jax_debug_nans`, ...), whose positional arguments are those of the path's signature under
+/// the call's jit key (`positional`).
+pub fn can_run(post_hook: bool, positional: bool) -> bool {
+    !post_hook && positional
+}
+
 /// How many calls of a bound function failed to teach it a path.
 #[derive(Debug, Default)]
 pub struct Learning(AtomicU32);
@@ -148,5 +162,21 @@ mod tests {
             learning.failed();
         }
         assert!(!learning.should_learn(true, false, false));
+    }
+
+    #[test]
+    fn only_plain_calls_teach_and_run_a_path() {
+        assert!(can_teach(false, true));
+        assert!(!can_teach(true, true), "static arguments");
+        assert!(
+            !can_teach(false, false),
+            "a host value after the bound ones"
+        );
+        assert!(can_run(false, true));
+        assert!(!can_run(true, true), "a post-hook");
+        assert!(
+            !can_run(false, false),
+            "keywords where the signature has positions"
+        );
     }
 }

@@ -5,10 +5,12 @@
 
 pub mod bound;
 pub mod cache;
+pub mod memo;
 pub mod plan;
 pub mod route;
 pub mod seen;
 pub mod signature;
+pub mod tree;
 
 /// How deep the dispatcher reads nested containers: it reads trees by recursion, which must
 /// not outrun a thread's stack where JAX's own flattening does not; deeper calls go to JAX.
@@ -18,7 +20,7 @@ pub const MAX_TREE_DEPTH: usize = 100;
 /// the dispatcher keeps them inline.
 pub const MAX_STATES: usize = 8;
 
-pub use bound::{BoundPath, Learning, LEARNING_CALLS};
+pub use bound::{can_run, can_teach, BoundPath, Learning, LEARNING_CALLS};
 pub use cache::{CacheEntry, Entry, EntryCache, Miss, MissState, RECENT};
 pub use plan::{DonationClash, InputPlan};
 pub use route::{Found, JaxDispatch, Route, Unkeyable};

@@ -181,6 +181,37 @@ impl<C, M, H, L> InputPlan<C, M, H, L> {
     }
 }
 
+/// How an entry's outputs, as the executable gives them (a flat list), become the call's
+/// result: `T` is a tree of builtin containers, `U` a treedef's `unflatten`.
+#[derive(Debug, PartialEq, Eq)]
+pub enum OutputForm<T, U> {
+    /// One bare leaf.
+    Leaf,
+    /// Built by the dispatcher: a tree of builtin containers.
+    Builtin(T),
+    /// Built by the output treedef's `unflatten`.
+    Unflatten(U),
+}
+
+impl<T, U> OutputForm<T, U> {
+    /// The form of an output treedef of `leaves` leaves and `nodes` nodes: a bare leaf, else
+    /// the tree of builtin containers that `builtin` reads where it is one, else `unflatten`.
+    pub fn choose<E>(
+        leaves: usize,
+        nodes: usize,
+        builtin: impl FnOnce() -> Result<Option<T>, E>,
+        unflatten: impl FnOnce() -> Result<U, E>,
+    ) -> Result<Self, E> {
+        if leaves == 1 && nodes == 1 {
+            return Ok(Self::Leaf);
+        }
+        Ok(match builtin()? {
+            Some(tree) => Self::Builtin(tree),
+            None => Self::Unflatten(unflatten()?),
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::convert::Infallible;
@@ -319,5 +350,27 @@ mod tests {
                 prop_assert!(clash.first < clash.input);
             }
         }
+    }
+
+    #[test]
+    fn outputs_take_the_cheapest_form_that_builds_them() {
+        type Form = OutputForm<&'static str, &'static str>;
+        let never = || -> Result<Option<&str>, ()> { Err(()) };
+        assert_eq!(Form::choose(1, 1, never, || Err(())), Ok(Form::Leaf));
+        let builtin = || Ok::<_, ()>(Some("tuple"));
+        assert_eq!(
+            Form::choose(2, 3, builtin, || Err(())),
+            Ok(Form::Builtin("tuple"))
+        );
+        let custom = || Ok::<_, ()>(None);
+        assert_eq!(
+            Form::choose(2, 3, custom, || Ok("unflatten")),
+            Ok(Form::Unflatten("unflatten"))
+        );
+        // A one-leaf tree in a container is no bare leaf.
+        assert_eq!(
+            Form::choose(1, 2, builtin, || Err(())),
+            Ok(Form::Builtin("tuple"))
+        );
     }
 }
