@@ -16,12 +16,16 @@ one stays valid while other threads call it.
 from __future__ import annotations
 
 import types
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import jax
 import numpy as np
 
 from fastpjit import _core
+from fastpjit._explainable import ProbedCall
+
+if TYPE_CHECKING:
+    from fastpjit.warm_start.log import SignatureLog
 
 __all__ = ["Bindable", "Bound"]
 
@@ -34,8 +38,25 @@ class Bound(_core.BoundFunction):
         return self._function
 
     @property
-    def _signature_log(self) -> Any:
-        return getattr(self._function, "_signature_log", None)
+    def _signature_log(self) -> SignatureLog:
+        return self._bindable()._signature_log
+
+    def _bindable(self) -> Bindable:
+        """The function bound: a `Bindable` JitFunction, whose `bind` made this."""
+        return cast(Bindable, self._function)
+
+    def _explain_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ProbedCall:
+        """The call of the function bound, with the bound arguments first; a hit of positional
+        arguments that takes the bound path says so."""
+        merged = dict(self._kwargs)
+        for key, value in kwargs.items():
+            if key in merged:
+                raise TypeError(f"explain: keyword argument {key!r} is bound already")
+            merged[key] = value
+        call = self._bindable()._explain_call((*self._args, *args), merged)
+        if call.probe["outcome"] == "hit" and self._on_bound_path and not merged:
+            call.probe["path"] = "bound"
+        return call._replace(kind=f"bound {call.kind}")
 
     def lower(self, *args: Any, **kwargs: Any) -> Any:
         """Lowers the function for the bound arguments and these."""
@@ -64,8 +85,15 @@ def _rebind(function: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Bou
 
 
 class Bindable:
-    """What fastpjit's functions share: `bind`. A subclass says which arguments its function
-    donates (`_donated_arguments`) and where host values go (`_bound_placement`)."""
+    """What fastpjit's functions share: `bind`, and what `explain` reads of them. A subclass
+    says which arguments its function donates (`_donated_arguments`) and where host values go
+    (`_bound_placement`)."""
+
+    # What the function is, in `fastpjit.stats()` and `explain`: "jit", "pjit", "pmap",
+    # "compiled" or "compile_hlo".
+    _kind: ClassVar[str]
+    # The signatures of the calls that its cache served.
+    _signature_log: SignatureLog
 
     def bind(self, *args: Any, **kwargs: Any) -> Bound:
         """This function with `args` (its first arguments) and `kwargs` bound: calling the
@@ -98,6 +126,11 @@ class Bindable:
         _check_avals(self, args, kwargs)
         args = tuple(_placed(arg, where) for arg, where in zip(args, placement, strict=False))
         return Bound(function, args, kwargs, _arrays(args, kwargs))
+
+    def _explain_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ProbedCall:
+        """How `self(*args, **kwargs)` would be served, without running it."""
+        function: Any = self  # a JitFunction, which this class is mixed into
+        return ProbedCall(self, self._kind, args, kwargs, function._probe(*args, **kwargs))
 
     def _donated_arguments(self) -> tuple[set[int], set[str]]:
         return set(), set()

@@ -32,8 +32,8 @@ _PYTHON_SCALARS = (bool, int, float, complex)  # bool first: it is an int too
 class HloFunction(Bindable, _core.JitFunction):
     """A compiled HLO module: call it with one array per entry parameter."""
 
+    _kind = _KIND
     _program: _Program
-    _signature_log: SignatureLog
 
     def _donated_arguments(self) -> tuple[set[int], set[str]]:
         return {i for i, donated in enumerate(self._program.donated) if donated}, set()

@@ -21,9 +21,9 @@ import jax
 from fastpjit import _core
 from fastpjit._jax import api as _jax
 from fastpjit._jax.jit_miss import aot_cache_miss, compile_lowered, jit_cache_miss
+from fastpjit._recompiles import check_recompile
 from fastpjit._shared import FunctionCaches, SharedCaches, dispatch_cache
 from fastpjit.bind import Bindable
-from fastpjit.explain import check_recompile
 from fastpjit.warm_start import SignatureLog
 
 __all__ = ["Compiled", "JitWrapped", "Lowered", "jit", "pjit"]
@@ -94,6 +94,7 @@ class Wrapped(Bindable, _core.JitFunction):
 class JitWrapped(Wrapped):
     """The function that fastpjit.jit returns: call it, lower it, or inspect it like jax.jit's."""
 
+    _kind = "jit"
     _jax_function: _JaxFunction
 
     @property
@@ -105,10 +106,6 @@ class JitWrapped(Wrapped):
     def _active(self) -> Any:
         """The jax.jit function that traces this one's calls."""
         return self._jax_function.active()
-
-    @property
-    def _signature_log(self) -> SignatureLog:
-        return self._jax_function.signatures
 
     @_jax.api_boundary
     def lower(self, *args: Any, **kwargs: Any) -> Lowered:
@@ -187,9 +184,9 @@ class Lowered:
 class Compiled(Bindable, _core.JitFunction):
     """`jax.stages.Compiled` with its calls dispatched by fastpjit."""
 
+    _kind = "compiled"
     _compiled: Any
     _fun: Any
-    _signature_log: SignatureLog
 
     def _donated_arguments(self) -> tuple[set[int], set[str]]:
         args_info, kwargs_info = self._compiled.args_info
@@ -218,7 +215,7 @@ class Compiled(Bindable, _core.JitFunction):
         calls it."""
         log = SignatureLog()
         miss = _jax.api_boundary(log.noting(functools.partial(aot_cache_miss, compiled)))
-        cache = dispatch_cache(compiled if fun is None else fun, [], [], kind="compiled")
+        cache = dispatch_cache(compiled if fun is None else fun, [], [], kind=cls._kind)
         wrapped = cls(compiled, miss, cache)
         wrapped._compiled, wrapped._fun = compiled, fun
         wrapped._signature_log = log
@@ -238,6 +235,8 @@ class Compiled(Bindable, _core.JitFunction):
 class _PjitWrapped(JitWrapped):
     """pjit: the old `with mesh:` resolves PartitionSpecs where it is active, and
     `jax.set_mesh` everywhere else. JAX's trace context keys the two apart."""
+
+    _kind = "pjit"
 
     def clear_cache(self) -> None:
         super().clear_cache()
@@ -303,9 +302,6 @@ class _JaxFunction:
         return outcome
 
 
-_KINDS: dict[type[JitWrapped], str] = {JitWrapped: "jit", _PjitWrapped: "pjit"}
-
-
 def _function(
     kind: type[JitWrapped],
     fun: Callable[..., Any],
@@ -322,6 +318,7 @@ def _function(
     else:
         wrapped = kind(jax_function, jax_function.miss, cache)
     wrapped._jax_function = jax_function
+    wrapped._signature_log = jax_function.signatures
     functools.update_wrapper(wrapped, fun)
     # JAX's NaN and inf checks (its post-hook) rerun `_fun` without jit to find the culprit.
     wrapped._fun = fun
@@ -346,11 +343,11 @@ def _wrap(
         made.append(jitted)
         argnums, argnames = _jax.jit_static_args(jitted)
         return FunctionCaches(
-            dispatch_cache(fun, argnums, argnames, kind=_KINDS[kind]),
+            dispatch_cache(fun, argnums, argnames, kind=kind._kind),
             SignatureLog((argnums, argnames)),
         )
 
-    caches = _shared_caches.get(fun, (_KINDS[kind], options), new_caches)
+    caches = _shared_caches.get(fun, (kind._kind, options), new_caches)
     jax_function = _JaxFunction(
         functools.partial(_jax.jax_jit, fun, **options),
         caches.signatures,

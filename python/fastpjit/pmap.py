@@ -14,8 +14,8 @@ from typing import Any
 
 from fastpjit._jax import api as _jax
 from fastpjit._jax.jit_miss import pmap_cache_miss
+from fastpjit._recompiles import check_recompile
 from fastpjit._shared import FunctionCaches, SharedCaches, dispatch_cache
-from fastpjit.explain import check_recompile
 from fastpjit.jit import Wrapped
 from fastpjit.warm_start import SignatureLog
 
@@ -28,8 +28,8 @@ _shared_caches = SharedCaches()
 class PmapWrapped(Wrapped):
     """The function that fastpjit.pmap returns."""
 
+    _kind = "pmap"
     _pmapped: Any
-    _signature_log: SignatureLog
     # JAX's pmap returns a plain Python function: pickle finds it by name in `__main__` too,
     # and it copies as itself.
     _main_by_value = False
@@ -96,7 +96,7 @@ def pmap(
 
     def new_caches() -> FunctionCaches:
         return FunctionCaches(
-            dispatch_cache(fun, statics, [], kind="pmap"),
+            dispatch_cache(fun, statics, [], kind=PmapWrapped._kind),
             SignatureLog((statics, ())),
         )
 
