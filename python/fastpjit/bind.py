@@ -80,7 +80,7 @@ class Bound(_core.BoundFunction):
         return f"<fastpjit bound {self._function!r} with {', '.join(names)} bound>"
 
 
-def _rebind(function: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Bound:
+def _rebind(function: Bindable, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Bound:
     return function.bind(*args, **kwargs)
 
 

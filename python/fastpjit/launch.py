@@ -410,7 +410,8 @@ def _free_loopback_port() -> int:
     # take it in between, and process 0 would then fail to start (and the run with it).
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def _bypass_proxies(env: dict[str, str]) -> None:

@@ -167,7 +167,7 @@ def _named_tuple(value: tuple[Any, ...], depth: int) -> dict[str, Any]:
     """A NamedTuple (optax's states, say) by the name of its type, which a replay finds among
     the modules that its process has imported; one that JAX takes apart otherwise than by its
     fields, or that no name finds, cannot be recorded."""
-    kind = type(value)
+    kind: Any = type(value)  # a NamedTuple's class: its fields are known only at run time
     name = f"{kind.__module__}:{kind.__qualname__}"
     children, tree = jax.tree.flatten(value, is_leaf=lambda x: x is not value)
     try:
@@ -177,7 +177,7 @@ def _named_tuple(value: tuple[Any, ...], depth: int) -> dict[str, Any]:
     rebuilt: Any = jax.tree.structure(again, is_leaf=lambda x: x is not again)
     if rebuilt != tree or len(children) != len(value) or any(map(operator.is_not, children, value)):
         raise Unrecordable(f"a pytree node of type {kind.__qualname__}, not made of its fields")
-    if not TYPE_NAME.fullmatch(name) or named_type(name) is not kind:
+    if not TYPE_NAME.fullmatch(name) or named_type(name) is not type(value):
         raise Unrecordable(f"a NamedTuple {name} that another process cannot find by its name")
     return {
         "type": name,

@@ -150,14 +150,14 @@ def _leaf_bytes(leaf: dict[str, Any]) -> int:
     """The bytes that a replay builds for a recorded leaf: an array's on each of its devices."""
     if "dtype" not in leaf:
         return 8  # a Python scalar
-    size = math.prod(leaf.get("shape", ())) * jax.numpy.dtype(leaf["dtype"]).itemsize
+    size: int = math.prod(leaf.get("shape", ())) * jax.numpy.dtype(leaf["dtype"]).itemsize
     sharding = leaf.get("sharding")
     if not leaf.get("committed") or sharding is None or sharding["type"] == "single":
         return size
     # Split over the mesh axes that the spec names, and repeated over the others.
     axes = dict(zip(sharding["axis_names"], sharding["mesh_shape"], strict=True))
     named = [e if isinstance(e, list) else [e] for e in sharding["spec"] if e is not None]
-    split = math.prod(axes.get(axis, 1) for entry in named for axis in entry)
+    split: int = math.prod(axes.get(axis, 1) for entry in named for axis in entry)
     return -(-size // split) * len(sharding["device_ids"])
 
 
