@@ -16,7 +16,8 @@ one stays valid while other threads call it.
 from __future__ import annotations
 
 import types
-from typing import TYPE_CHECKING, Any, ClassVar, cast
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Self, cast, overload
 
 import jax
 import numpy as np
@@ -34,7 +35,7 @@ class Bound(_core.BoundFunction):
     """A fastpjit function with leading arguments (and keywords) bound."""
 
     @property
-    def __wrapped__(self) -> Any:
+    def __wrapped__(self) -> _core.JitFunction:
         return self._function
 
     @property
@@ -63,10 +64,14 @@ class Bound(_core.BoundFunction):
         function: Any = self._function
         return function.lower(*self._args, *args, **self._kwargs, **kwargs)
 
-    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+    @overload
+    def __get__(self, instance: None, owner: type | None = None) -> Self: ...
+    @overload
+    def __get__(self, instance: object, owner: type | None = None) -> types.MethodType: ...
+    def __get__(self, instance: object, owner: type | None = None) -> Self | types.MethodType:
         return self if instance is None else types.MethodType(self, instance)
 
-    def __reduce__(self) -> Any:
+    def __reduce__(self) -> tuple[Callable[..., Bound], tuple[Any, ...]]:
         return _rebind, (self._function, self._args, self._kwargs)
 
     def __copy__(self) -> Bound:
@@ -138,7 +143,7 @@ class Bindable:
     def _static_arguments(self) -> tuple[set[int], set[str]]:
         return set(), set()
 
-    def _bound_placement(self) -> Any:
+    def _bound_placement(self) -> Sequence[Any] | None:
         """For each position, the sharding (tree) that its numpy arrays go on, where the
         function takes a fixed number of arguments; None where only a call tells (they are
         placed after the first call)."""

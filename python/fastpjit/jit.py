@@ -14,7 +14,7 @@ import functools
 import sys
 import types
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, Self, TypeVar, overload
 
 import jax
 
@@ -27,6 +27,8 @@ from fastpjit.bind import Bindable
 from fastpjit.warm_start import SignatureLog
 
 __all__ = ["Compiled", "JitWrapped", "Lowered", "jit", "pjit"]
+
+T = TypeVar("T")
 
 _UNSPECIFIED: Any = object()
 # The dispatch caches of jit and pjit functions, one per function and options.
@@ -58,12 +60,16 @@ class Wrapped(Bindable, _core.JitFunction):
     # only pickler that can), JAX's pmap, a plain Python function, by reference.
     _main_by_value = True
 
-    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+    @overload
+    def __get__(self, instance: None, owner: type | None = None) -> Self: ...
+    @overload
+    def __get__(self, instance: object, owner: type | None = None) -> types.MethodType: ...
+    def __get__(self, instance: object, owner: type | None = None) -> Self | types.MethodType:
         # As a Python function, and JAX's: a bound method on an instance. Two accesses are
         # equal, so a method passed as a static argument finds its executable again.
         return self if instance is None else types.MethodType(self, instance)
 
-    def __reduce__(self) -> Any:
+    def __reduce__(self) -> str | tuple[Any, ...]:
         name = self._global_name()
         return name if name is not None else (self._make, (self.__wrapped__,))
 
@@ -113,9 +119,10 @@ class JitWrapped(Wrapped):
         return Lowered(self._active.lower(*args, **kwargs), self.__wrapped__)
 
     @_jax.api_boundary
-    def trace(self, *args: Any, **kwargs: Any) -> Any:
+    def trace(self, *args: Any, **kwargs: Any) -> jax.stages.Traced:
         """Traces for these arguments, as `jax.jit(fun).trace` does."""
-        return self._active.trace(*args, **kwargs)
+        traced: jax.stages.Traced = self._active.trace(*args, **kwargs)
+        return traced
 
     @_jax.api_boundary
     def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
@@ -202,8 +209,9 @@ class Compiled(Bindable, _core.JitFunction):
         }
         return positions, names
 
-    def _bound_placement(self) -> Any:
-        return self._compiled.input_shardings[0]
+    def _bound_placement(self) -> tuple[Any, ...]:
+        shardings: tuple[Any, ...] = self._compiled.input_shardings[0]
+        return shardings
 
     def _fixed_avals(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
         positions, keywords = self._compiled.in_avals
@@ -295,7 +303,7 @@ class _JaxFunction:
         return self.active()(*args, **kwargs)
 
     @_jax.api_boundary
-    def miss(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def miss(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _core.CacheMiss:
         check_recompile(self._name(), self.signatures, args, kwargs)
         outcome = jit_cache_miss(self.active(), args, kwargs)
         self.signatures.note(args, kwargs)
@@ -457,7 +465,7 @@ def _options(in_shardings: Any, out_shardings: Any, **options: Any) -> dict[str,
     return options
 
 
-def _renamed(name: str, value: Any, old_name: str, old_value: Any) -> Any:
+def _renamed(name: str, value: T, old_name: str, old_value: T) -> T:
     if old_value is _UNSPECIFIED:
         return value
     if value is not _UNSPECIFIED:

@@ -27,9 +27,11 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import BinaryIO, TypeVar
 
 from fastpjit import _launched
+
+Number = TypeVar("Number", int, float)
 
 __all__ = ["STOP_GRACE_S", "TIMEOUT_STATUS", "Child", "Launcher", "main"]
 
@@ -424,8 +426,8 @@ def _bypass_proxies(env: dict[str, str]) -> None:
         env[key] = ",".join([*hosts, "127.0.0.1"])
 
 
-def _positive(kind: type) -> Callable[[str], Any]:
-    def parse(text: str) -> Any:
+def _positive(kind: type[Number]) -> Callable[[str], Number]:
+    def parse(text: str) -> Number:
         value = kind(text)
         if not value > 0:
             raise argparse.ArgumentTypeError(f"must be positive, got {text}")

@@ -134,7 +134,7 @@ def _sides(
 # --- Arguments ------------------------------------------------------------------------------
 
 
-def _sharding(devices: int) -> Any:
+def _sharding(devices: int) -> jax.sharding.Sharding:
     if devices == 1:
         return jax.sharding.SingleDeviceSharding(jax.devices()[0])
     return NamedSharding(jax.make_mesh((devices,), ("x",)), P("x"))

@@ -24,6 +24,7 @@ import os
 import platform
 import statistics
 import time
+import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -452,7 +453,7 @@ def loglog_slope(xs: Sequence[float], ys: Sequence[float]) -> float:
     )
 
 
-def _pyplot() -> Any:
+def _pyplot() -> types.ModuleType:
     """matplotlib's pyplot, drawing to files only."""
     try:
         import matplotlib

@@ -4,7 +4,7 @@ wrong: the record is data from outside, possibly corrupt, truncated or hostile."
 from __future__ import annotations
 
 import math
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import jax
 import numpy as np
@@ -21,6 +21,8 @@ from fastpjit.warm_start.schema import (
 )
 
 __all__ = ["check_record"]
+
+T = TypeVar("T")
 
 
 def check_record(record: Any) -> Record:
@@ -59,7 +61,7 @@ class _Checker:
             self.fail(where, f"an object with the keys {sorted(keys)}", sorted(value))
         return value
 
-    def typed(self, value: Any, kind: type | tuple[type, ...], where: str, what: str) -> Any:
+    def typed(self, value: object, kind: type[T], where: str, what: str) -> T:
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             self.fail(where, what, value)
         return value

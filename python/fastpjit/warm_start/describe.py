@@ -186,7 +186,7 @@ def _named_tuple(value: tuple[Any, ...], depth: int) -> dict[str, Any]:
     }
 
 
-def _sort_key(item: tuple[Any, Any]) -> Any:
+def _sort_key(item: tuple[Any, Any]) -> tuple[str, Any]:
     return (type(item[0]).__name__, item[0])
 
 

@@ -6,12 +6,14 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from fastpjit.warm_start.describe import Unrecordable, describe_call
 from fastpjit.warm_start.schema import Signature
 
 __all__ = ["SignatureLog", "log_of"]
+
+R = TypeVar("R")
 
 
 def _frozen(value: Any) -> Any:
@@ -39,11 +41,11 @@ class SignatureLog:
         self._lock = threading.Lock()
 
     def noting(
-        self, miss: Callable[[tuple[Any, ...], dict[str, Any]], Any]
-    ) -> Callable[[tuple[Any, ...], dict[str, Any]], Any]:
+        self, miss: Callable[[tuple[Any, ...], dict[str, Any]], R]
+    ) -> Callable[[tuple[Any, ...], dict[str, Any]], R]:
         """`miss`, noting the signature of each call that it serves."""
 
-        def miss_and_note(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        def miss_and_note(args: tuple[Any, ...], kwargs: dict[str, Any]) -> R:
             outcome = miss(args, kwargs)
             self.note(args, kwargs)
             return outcome

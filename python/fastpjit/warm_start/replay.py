@@ -42,7 +42,7 @@ class _Rebuilder:
     def __init__(self) -> None:
         self.devices = {d.id: d for d in jax.devices()}
 
-    def device(self, device_id: int) -> Any:
+    def device(self, device_id: int) -> jax.Device:
         device = self.devices.get(device_id)
         if device is None:
             raise Skipped(
@@ -76,7 +76,7 @@ class _Rebuilder:
         except Exception as error:
             raise Skipped(f"the mesh no longer fits: {type(error).__name__}: {error}") from None
 
-    def sharding(self, sharding: dict[str, Any]) -> Any:
+    def sharding(self, sharding: dict[str, Any]) -> jax.sharding.Sharding:
         if sharding["type"] == "single":
             return jax.sharding.SingleDeviceSharding(
                 self.device(sharding["device_id"]), memory_kind=sharding["memory_kind"]
@@ -310,7 +310,7 @@ def warm_up(
     return WarmUpReport(tuple(entries), time.perf_counter() - start)
 
 
-def _unbound(fn: Any) -> Any:
+def _unbound(fn: Any) -> Callable[..., Any]:
     """The function whose calls were recorded: a bound function's is the one it binds."""
     return fn._function if isinstance(fn, Bound) else fn
 
