@@ -8,8 +8,8 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "python" / "fastpjit"
 
 
-def module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+def module_name(path: Path, root: Path) -> str:
+    parts = path.relative_to(root.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -26,26 +26,21 @@ def imports(node: ast.AST) -> list[ast.Import | ast.ImportFrom]:
         if isinstance(child, ast.Import | ast.ImportFrom):
             found.append(child)
         elif isinstance(child, ast.If) and is_type_checking(child.test):
-            for other in child.orelse:
-                found.extend(
-                    imports(other)
-                    if not isinstance(other, ast.Import | ast.ImportFrom)
-                    else [other]
-                )
+            found.extend(imports(ast.Module(body=child.orelse, type_ignores=[])))
         else:
             found.extend(imports(child))
     return found
 
 
-def import_graph() -> dict[str, set[str]]:
+def import_graph(root: Path = PACKAGE) -> dict[str, set[str]]:
     """Each module of the package, with the modules of the package that it imports. `from
     package import name` imports the submodule `name` where there is one, else the package;
     importing a submodule is not counted as importing its parent packages."""
-    paths = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    paths = {module_name(p, root): p for p in root.rglob("*.py")}
     submodules = set(paths) | {
-        f"{module_name(p.parent / '__init__.py')}.{p.name.split('.')[0]}"
+        f"{module_name(p.parent / '__init__.py', root)}.{p.name.split('.')[0]}"
         for pattern in ("*.so", "*.pyi")
-        for p in PACKAGE.rglob(pattern)
+        for p in root.rglob(pattern)
     }
     graph: dict[str, set[str]] = {}
     for name, path in paths.items():
@@ -55,12 +50,10 @@ def import_graph() -> dict[str, set[str]]:
             if isinstance(node, ast.Import):
                 targets.update(alias.name for alias in node.names)
                 continue
-            base = package
-            for _ in range(node.level - 1 if node.level else 0):
-                base = base.rpartition(".")[0]
-            source = (
-                node.module or "" if not node.level else ".".join(filter(None, (base, node.module)))
-            )
+            source = node.module or ""
+            if node.level:  # relative: from the package, `level - 1` packages up
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                source = f"{base}.{source}" if source else base
             for alias in node.names:
                 child = f"{source}.{alias.name}"
                 targets.add(child if child in submodules else source)
@@ -127,6 +120,30 @@ def test_the_graph_sees_the_package():
     # A function's import counts; one under TYPE_CHECKING does not.
     assert "fastpjit._jax.line" in graph["fastpjit.launch"]
     assert "fastpjit.warm_start.log" not in graph["fastpjit._explainable"]
+
+
+def test_the_graph_resolves_relative_imports_and_leaves_out_type_checking(tmp_path):
+    files = {
+        "__init__.py": "from pkg import a\n",
+        "a.py": "from . import b\nif TYPE_CHECKING:\n    from pkg import c\n",
+        "b.py": "def f():\n    from .a import x\n",
+        "c.py": "import pkg.a\n",
+        "sub/__init__.py": "",
+        "sub/d.py": "from .. import b\nfrom ..c import y\n",
+    }
+    for name, text in files.items():
+        (tmp_path / "pkg" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "pkg" / name).write_text(text)
+    graph = import_graph(tmp_path / "pkg")
+    assert graph == {
+        "pkg": {"pkg.a"},
+        "pkg.a": {"pkg.b"},
+        "pkg.b": {"pkg.a"},
+        "pkg.c": {"pkg.a"},
+        "pkg.sub": set(),
+        "pkg.sub.d": {"pkg.b", "pkg.c"},
+    }
+    assert cycles(graph) == [["pkg.a", "pkg.b"]]
 
 
 def test_the_cycle_finder_finds_cycles():
