@@ -23,7 +23,7 @@ import jax
 import numpy as np
 
 from fastpjit import _core
-from fastpjit._explainable import ProbedCall
+from fastpjit._explainable import Explainable, ProbedCall
 
 if TYPE_CHECKING:
     from fastpjit.warm_start.log import SignatureLog
@@ -40,11 +40,12 @@ class Bound(_core.BoundFunction):
 
     @property
     def _signature_log(self) -> SignatureLog:
-        return self._bindable()._signature_log
+        return self._explained()._signature_log
 
-    def _bindable(self) -> Bindable:
-        """The function bound: a `Bindable` JitFunction, whose `bind` made this."""
-        return cast(Bindable, self._function)
+    def _explained(self) -> Explainable:
+        """The function bound (a fastpjit function, whose `bind` made this) as `explain` reads
+        it."""
+        return cast(Explainable, self._function)
 
     def _explain_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ProbedCall:
         """The call of the function bound, with the bound arguments first; a hit of positional
@@ -54,7 +55,7 @@ class Bound(_core.BoundFunction):
             if key in merged:
                 raise TypeError(f"explain: keyword argument {key!r} is bound already")
             merged[key] = value
-        call = self._bindable()._explain_call((*self._args, *args), merged)
+        call = self._explained()._explain_call((*self._args, *args), merged)
         if call.probe["outcome"] == "hit" and self._on_bound_path and not merged:
             call.probe["path"] = "bound"
         return call._replace(kind=f"bound {call.kind}")
@@ -95,10 +96,9 @@ class Bindable:
     (`_bound_placement`)."""
 
     # What the function is, in `fastpjit.stats()` and `explain`: "jit", "pjit", "pmap",
-    # "compiled" or "compile_hlo".
+    # "compiled" or "compile_hlo". Each subclass also keeps the signatures of the calls that its
+    # cache served, `_signature_log`.
     _kind: ClassVar[str]
-    # The signatures of the calls that its cache served.
-    _signature_log: SignatureLog
 
     def bind(self, *args: Any, **kwargs: Any) -> Bound:
         """This function with `args` (its first arguments) and `kwargs` bound: calling the
@@ -134,8 +134,8 @@ class Bindable:
 
     def _explain_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ProbedCall:
         """How `self(*args, **kwargs)` would be served, without running it."""
-        function: Any = self  # a JitFunction, which this class is mixed into
-        return ProbedCall(self, self._kind, args, kwargs, function._probe(*args, **kwargs))
+        function: Any = self  # a JitFunction with a `_signature_log`: an `Explainable`
+        return ProbedCall(function, self._kind, args, kwargs, function._probe(*args, **kwargs))
 
     def _donated_arguments(self) -> tuple[set[int], set[str]]:
         return set(), set()

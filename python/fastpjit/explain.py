@@ -8,7 +8,7 @@ the report in words is `_explanation`'s, and `no_recompiles` is `_recompiles`'.
 
 from __future__ import annotations
 
-from typing import Any, TypeGuard
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from fastpjit._explainable import Explainable
 from fastpjit._explanation import (
@@ -21,6 +21,21 @@ from fastpjit._explanation import (
 from fastpjit._jax import jit_options
 from fastpjit._recompiles import no_recompiles, recompiles_allowed
 from fastpjit.jit import jit
+
+if TYPE_CHECKING:
+    from fastpjit.bind import Bound
+    from fastpjit.hlo import HloFunction
+    from fastpjit.jit import Compiled, JitWrapped
+    from fastpjit.pmap import PmapWrapped
+
+    # Every fastpjit function meets the contract that `explain` reads: mypy checks it here.
+    _EXPLAINABLE: tuple[type[Explainable], ...] = (
+        JitWrapped,
+        PmapWrapped,
+        Compiled,
+        HloFunction,
+        Bound,
+    )
 
 __all__ = [
     "Difference",

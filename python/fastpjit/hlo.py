@@ -34,6 +34,7 @@ class HloFunction(Bindable, _core.JitFunction):
 
     _kind = _KIND
     _program: _Program
+    _signature_log: SignatureLog
 
     def _donated_arguments(self) -> tuple[set[int], set[str]]:
         return {i for i, donated in enumerate(self._program.donated) if donated}, set()

@@ -113,6 +113,10 @@ class JitWrapped(Wrapped):
         """The jax.jit function that traces this one's calls."""
         return self._jax_function.active()
 
+    @property
+    def _signature_log(self) -> SignatureLog:
+        return self._jax_function.signatures
+
     @_jax.api_boundary
     def lower(self, *args: Any, **kwargs: Any) -> Lowered:
         """Lowers for these arguments, as `jax.jit(fun).lower` does."""
@@ -194,6 +198,7 @@ class Compiled(Bindable, _core.JitFunction):
     _kind = "compiled"
     _compiled: Any
     _fun: Any
+    _signature_log: SignatureLog
 
     def _donated_arguments(self) -> tuple[set[int], set[str]]:
         args_info, kwargs_info = self._compiled.args_info
@@ -326,7 +331,6 @@ def _function(
     else:
         wrapped = kind(jax_function, jax_function.miss, cache)
     wrapped._jax_function = jax_function
-    wrapped._signature_log = jax_function.signatures
     functools.update_wrapper(wrapped, fun)
     # JAX's NaN and inf checks (its post-hook) rerun `_fun` without jit to find the culprit.
     wrapped._fun = fun

@@ -33,6 +33,7 @@ class PmapWrapped(Wrapped):
 
     _kind = "pmap"
     _pmapped: Any
+    _signature_log: SignatureLog
     # JAX's pmap returns a plain Python function: pickle finds it by name in `__main__` too,
     # and it copies as itself.
     _main_by_value = False
