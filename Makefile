@@ -100,7 +100,7 @@ lint: build
 	cargo clippy --workspace --all-targets -- -D warnings
 	$(VENV)/bin/ruff check python tests benches examples
 	$(VENV)/bin/ruff format --check python tests benches examples
-	$(VENV)/bin/mypy python/fastpjit
+	$(VENV)/bin/mypy
 
 bench: build
 	$(PY) benches/run.py

@@ -62,7 +62,7 @@ def record(kind: str) -> dict:
     return {
         "schema": warm_start.SCHEMA,
         "schema_version": warm_start.SCHEMA_VERSION,
-        "versions": warm_start._versions(),
+        "versions": warm_start.schema.versions(),
         "functions": {"f": {"unrecordable": {}, "signatures": signatures}},
     }
 

@@ -33,8 +33,8 @@ def roundtrip(args, kwargs=None, statics=(), static_names=()):
     """The call's signature through JSON and back to arguments."""
     signature = warm_start.describe_call(args, kwargs or {}, set(statics), set(static_names))
     signature = json.loads(json.dumps(signature))
-    warm_start._Checker().signature(signature, "signature")
-    return warm_start._Rebuilder().call(signature)
+    warm_start.check._Checker().signature(signature, "signature")
+    return warm_start.replay._Rebuilder().call(signature)
 
 
 def same_signature(a, b):
@@ -168,12 +168,12 @@ def test_a_replay_finds_named_tuples_without_running_a_module_s_code(monkeypatch
     monkeypatch.setitem(sys.modules, "fastpjit_lazy_module", lazy)
     node = named("fastpjit_lazy_module:Moments", ["count", "mu", "nu"], [{"none": None}] * 3)
     with pytest.raises(warm_start.Skipped, match="not found in the modules"):
-        warm_start._Rebuilder().node(node)
+        warm_start.replay._Rebuilder().node(node)
     assert asked == []
 
 
 def test_a_named_tuple_this_process_lacks_or_changed_is_skipped():
-    leaf = warm_start._node(1.0)
+    leaf = warm_start.describe._node(1.0)
     for name, fields, words in [
         (
             "not_imported_anywhere:Moments",
@@ -185,7 +185,7 @@ def test_a_named_tuple_this_process_lacks_or_changed_is_skipped():
         ("json:loads", ["a"], "is no longer a NamedTuple"),
     ]:
         with pytest.raises(warm_start.Skipped, match=re.escape(f"{name} {words}")):
-            warm_start._Rebuilder().node(named(name, fields, [leaf] * len(fields)))
+            warm_start.replay._Rebuilder().node(named(name, fields, [leaf] * len(fields)))
 
 
 def test_a_log_is_bounded_and_counts_what_it_cannot_hold():
@@ -226,7 +226,7 @@ def a_record(**changes):
     record = {
         "schema": warm_start.SCHEMA,
         "schema_version": warm_start.SCHEMA_VERSION,
-        "versions": warm_start._versions(),
+        "versions": warm_start.schema.versions(),
         "functions": {
             "f": {
                 "unrecordable": {},
@@ -603,7 +603,7 @@ signatures = [
 record = {
     "schema": warm_start.SCHEMA,
     "schema_version": warm_start.SCHEMA_VERSION,
-    "versions": warm_start._versions(),
+    "versions": warm_start.schema.versions(),
     "functions": {"f": {"unrecordable": {}, "signatures": signatures}},
 }
 path = sys.argv[1]
@@ -645,5 +645,5 @@ def test_an_array_s_bytes_count_on_each_of_its_devices():
     uncommitted = named_leaf([2, 4], list(range(8)), shape=(8,))
     uncommitted["leaf"]["committed"] = False
     signature = {"args": [replicated, {"static": 3}], "kwargs": {"b": {"tuple": [split]}}}
-    assert warm_start._signature_bytes(signature) == 32 * 8 + 4 * 8
-    assert warm_start._bytes({"list": [uncommitted, {"leaf": {"kind": "int"}}]}) == 32 + 8
+    assert warm_start.replay._signature_bytes(signature) == 32 * 8 + 4 * 8
+    assert warm_start.replay._bytes({"list": [uncommitted, {"leaf": {"kind": "int"}}]}) == 32 + 8

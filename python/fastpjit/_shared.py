@@ -10,7 +10,7 @@ import inspect
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from typing import Any, NamedTuple
 
 from fastpjit import _core
@@ -36,7 +36,9 @@ def stats_row(fun: Any) -> tuple[str, str]:
     return (f"{module}.{qualname}" if isinstance(module, str) else str(qualname)), place
 
 
-def dispatch_cache(fun: Any, static_argnums: Any, static_argnames: Any) -> Any:
+def dispatch_cache(
+    fun: Any, static_argnums: Iterable[int], static_argnames: Iterable[str]
+) -> _core.DispatchCache:
     """A new dispatch cache of `fun`'s, whose counts are `fun`'s row in `fastpjit.stats()`."""
     name, place = stats_row(fun)
     return _core.DispatchCache(name, list(static_argnums), list(static_argnames), place=place)
@@ -46,7 +48,7 @@ class FunctionCaches(NamedTuple):
     """What the functions of one function and options share: the dispatch cache, and the
     signatures of the calls that it cached (for warm starts)."""
 
-    dispatch: Any
+    dispatch: _core.DispatchCache
     signatures: SignatureLog
 
     def _clear(self) -> None:

@@ -16,12 +16,17 @@ one stays valid while other threads call it.
 from __future__ import annotations
 
 import types
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Self, cast, overload
 
 import jax
 import numpy as np
 
 from fastpjit import _core
+from fastpjit._explainable import Explainable, ProbedCall
+
+if TYPE_CHECKING:
+    from fastpjit.warm_start.log import SignatureLog
 
 __all__ = ["Bindable", "Bound"]
 
@@ -30,22 +35,44 @@ class Bound(_core.BoundFunction):
     """A fastpjit function with leading arguments (and keywords) bound."""
 
     @property
-    def __wrapped__(self) -> Any:
+    def __wrapped__(self) -> _core.JitFunction:
         return self._function
 
     @property
-    def _signature_log(self) -> Any:
-        return getattr(self._function, "_signature_log", None)
+    def _signature_log(self) -> SignatureLog:
+        return self._explained()._signature_log
+
+    def _explained(self) -> Explainable:
+        """The function bound (a fastpjit function, whose `bind` made this) as `explain` reads
+        it."""
+        return cast(Explainable, self._function)
+
+    def _explain_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ProbedCall:
+        """The call of the function bound, with the bound arguments first; a hit of positional
+        arguments that takes the bound path says so."""
+        merged = dict(self._kwargs)
+        for key, value in kwargs.items():
+            if key in merged:
+                raise TypeError(f"explain: keyword argument {key!r} is bound already")
+            merged[key] = value
+        call = self._explained()._explain_call((*self._args, *args), merged)
+        if call.probe["outcome"] == "hit" and self._on_bound_path and not merged:
+            call.probe["path"] = "bound"
+        return call._replace(kind=f"bound {call.kind}")
 
     def lower(self, *args: Any, **kwargs: Any) -> Any:
         """Lowers the function for the bound arguments and these."""
         function: Any = self._function
         return function.lower(*self._args, *args, **self._kwargs, **kwargs)
 
-    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+    @overload
+    def __get__(self, instance: None, owner: type | None = None) -> Self: ...
+    @overload
+    def __get__(self, instance: object, owner: type | None = None) -> types.MethodType: ...
+    def __get__(self, instance: object, owner: type | None = None) -> Self | types.MethodType:
         return self if instance is None else types.MethodType(self, instance)
 
-    def __reduce__(self) -> Any:
+    def __reduce__(self) -> tuple[Callable[..., Bound], tuple[Any, ...]]:
         return _rebind, (self._function, self._args, self._kwargs)
 
     def __copy__(self) -> Bound:
@@ -59,13 +86,19 @@ class Bound(_core.BoundFunction):
         return f"<fastpjit bound {self._function!r} with {', '.join(names)} bound>"
 
 
-def _rebind(function: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Bound:
+def _rebind(function: Bindable, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Bound:
     return function.bind(*args, **kwargs)
 
 
 class Bindable:
-    """What fastpjit's functions share: `bind`. A subclass says which arguments its function
-    donates (`_donated_arguments`) and where host values go (`_bound_placement`)."""
+    """What fastpjit's functions share: `bind`, and what `explain` reads of them. A subclass
+    says which arguments its function donates (`_donated_arguments`) and where host values go
+    (`_bound_placement`)."""
+
+    # What the function is, in `fastpjit.stats()` and `explain`: "jit", "pjit", "pmap",
+    # "compiled" or "compile_hlo". Each subclass also keeps the signatures of the calls that its
+    # cache served, `_signature_log`.
+    _kind: ClassVar[str]
 
     def bind(self, *args: Any, **kwargs: Any) -> Bound:
         """This function with `args` (its first arguments) and `kwargs` bound: calling the
@@ -99,13 +132,18 @@ class Bindable:
         args = tuple(_placed(arg, where) for arg, where in zip(args, placement, strict=False))
         return Bound(function, args, kwargs, _arrays(args, kwargs))
 
+    def _explain_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ProbedCall:
+        """How `self(*args, **kwargs)` would be served, without running it."""
+        function: Any = self  # a JitFunction with a `_signature_log`: an `Explainable`
+        return ProbedCall(function, self._kind, args, kwargs, function._probe(*args, **kwargs))
+
     def _donated_arguments(self) -> tuple[set[int], set[str]]:
         return set(), set()
 
     def _static_arguments(self) -> tuple[set[int], set[str]]:
         return set(), set()
 
-    def _bound_placement(self) -> Any:
+    def _bound_placement(self) -> Sequence[Any] | None:
         """For each position, the sharding (tree) that its numpy arrays go on, where the
         function takes a fixed number of arguments; None where only a call tells (they are
         placed after the first call)."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastpjit._jax.api import DuplicateSpecError, IndivisibleError
+from fastpjit._jax.exceptions import DuplicateSpecError, IndivisibleError
 
 __all__ = [
     "DuplicateSpecError",

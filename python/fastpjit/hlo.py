@@ -32,13 +32,14 @@ _PYTHON_SCALARS = (bool, int, float, complex)  # bool first: it is an int too
 class HloFunction(Bindable, _core.JitFunction):
     """A compiled HLO module: call it with one array per entry parameter."""
 
+    _kind = _KIND
     _program: _Program
     _signature_log: SignatureLog
 
     def _donated_arguments(self) -> tuple[set[int], set[str]]:
         return {i for i, donated in enumerate(self._program.donated) if donated}, set()
 
-    def _bound_placement(self) -> Any:
+    def _bound_placement(self) -> tuple[Any, ...]:
         return self._program.in_shardings
 
     def _fixed_avals(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -179,7 +180,7 @@ class _Program:
             tuple(range(count)) if parsed.tuple_result else 0
         )
 
-    def miss(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def miss(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _core.CacheMiss:
         """Checks and runs a call the dispatcher has no entry for, and gives it the entry."""
         inputs, shardings = self._inputs(args, kwargs)
         self._check_donations(inputs)
@@ -198,9 +199,10 @@ class _Program:
         )
         return _core.CacheMiss(outputs, fast_path, compiles=0, jax_reason=None)
 
-    def run(self, *args: Any, **kwargs: Any) -> Any:
+    def run(self, *args: Any, **kwargs: Any) -> jax.Array | tuple[jax.Array, ...]:
         """A call that the dispatcher cannot key (an argument that is not an array)."""
-        return self.miss(args, kwargs).outputs
+        outputs: jax.Array | tuple[jax.Array, ...] = self.miss(args, kwargs).outputs
+        return outputs
 
     def _check_donations(self, inputs: list[Any]) -> None:
         """No donated buffer may also be another input of the call: jaxlib crashes on that

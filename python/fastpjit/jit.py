@@ -14,19 +14,21 @@ import functools
 import sys
 import types
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, Self, TypeVar, overload
 
 import jax
 
 from fastpjit import _core
 from fastpjit._jax import api as _jax
 from fastpjit._jax.jit_miss import aot_cache_miss, compile_lowered, jit_cache_miss
+from fastpjit._recompiles import check_recompile
 from fastpjit._shared import FunctionCaches, SharedCaches, dispatch_cache
 from fastpjit.bind import Bindable
-from fastpjit.explain import check_recompile
 from fastpjit.warm_start import SignatureLog
 
 __all__ = ["Compiled", "JitWrapped", "Lowered", "jit", "pjit"]
+
+T = TypeVar("T")
 
 _UNSPECIFIED: Any = object()
 # The dispatch caches of jit and pjit functions, one per function and options.
@@ -58,12 +60,16 @@ class Wrapped(Bindable, _core.JitFunction):
     # only pickler that can), JAX's pmap, a plain Python function, by reference.
     _main_by_value = True
 
-    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+    @overload
+    def __get__(self, instance: None, owner: type | None = None) -> Self: ...
+    @overload
+    def __get__(self, instance: object, owner: type | None = None) -> types.MethodType: ...
+    def __get__(self, instance: object, owner: type | None = None) -> Self | types.MethodType:
         # As a Python function, and JAX's: a bound method on an instance. Two accesses are
         # equal, so a method passed as a static argument finds its executable again.
         return self if instance is None else types.MethodType(self, instance)
 
-    def __reduce__(self) -> Any:
+    def __reduce__(self) -> str | tuple[Any, ...]:
         name = self._global_name()
         return name if name is not None else (self._make, (self.__wrapped__,))
 
@@ -94,6 +100,7 @@ class Wrapped(Bindable, _core.JitFunction):
 class JitWrapped(Wrapped):
     """The function that fastpjit.jit returns: call it, lower it, or inspect it like jax.jit's."""
 
+    _kind = "jit"
     _jax_function: _JaxFunction
 
     @property
@@ -116,9 +123,10 @@ class JitWrapped(Wrapped):
         return Lowered(self._active.lower(*args, **kwargs), self.__wrapped__)
 
     @_jax.api_boundary
-    def trace(self, *args: Any, **kwargs: Any) -> Any:
+    def trace(self, *args: Any, **kwargs: Any) -> jax.stages.Traced:
         """Traces for these arguments, as `jax.jit(fun).trace` does."""
-        return self._active.trace(*args, **kwargs)
+        traced: jax.stages.Traced = self._active.trace(*args, **kwargs)
+        return traced
 
     @_jax.api_boundary
     def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
@@ -187,6 +195,7 @@ class Lowered:
 class Compiled(Bindable, _core.JitFunction):
     """`jax.stages.Compiled` with its calls dispatched by fastpjit."""
 
+    _kind = "compiled"
     _compiled: Any
     _fun: Any
     _signature_log: SignatureLog
@@ -205,8 +214,9 @@ class Compiled(Bindable, _core.JitFunction):
         }
         return positions, names
 
-    def _bound_placement(self) -> Any:
-        return self._compiled.input_shardings[0]
+    def _bound_placement(self) -> tuple[Any, ...]:
+        shardings: tuple[Any, ...] = self._compiled.input_shardings[0]
+        return shardings
 
     def _fixed_avals(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
         positions, keywords = self._compiled.in_avals
@@ -238,6 +248,8 @@ class Compiled(Bindable, _core.JitFunction):
 class _PjitWrapped(JitWrapped):
     """pjit: the old `with mesh:` resolves PartitionSpecs where it is active, and
     `jax.set_mesh` everywhere else. JAX's trace context keys the two apart."""
+
+    _kind = "pjit"
 
     def clear_cache(self) -> None:
         super().clear_cache()
@@ -296,14 +308,11 @@ class _JaxFunction:
         return self.active()(*args, **kwargs)
 
     @_jax.api_boundary
-    def miss(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def miss(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _core.CacheMiss:
         check_recompile(self._name(), self.signatures, args, kwargs)
         outcome = jit_cache_miss(self.active(), args, kwargs)
         self.signatures.note(args, kwargs)
         return outcome
-
-
-_KINDS: dict[type[JitWrapped], str] = {JitWrapped: "jit", _PjitWrapped: "pjit"}
 
 
 def _function(
@@ -350,7 +359,7 @@ def _wrap(
             SignatureLog((argnums, argnames)),
         )
 
-    caches = _shared_caches.get(fun, (_KINDS[kind], options), new_caches)
+    caches = _shared_caches.get(fun, (kind._kind, options), new_caches)
     jax_function = _JaxFunction(
         functools.partial(_jax.jax_jit, fun, **options),
         caches.signatures,
@@ -460,7 +469,7 @@ def _options(in_shardings: Any, out_shardings: Any, **options: Any) -> dict[str,
     return options
 
 
-def _renamed(name: str, value: Any, old_name: str, old_value: Any) -> Any:
+def _renamed(name: str, value: T, old_name: str, old_value: T) -> T:
     if old_value is _UNSPECIFIED:
         return value
     if value is not _UNSPECIFIED:

@@ -27,9 +27,11 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import BinaryIO, TypeVar
 
 from fastpjit import _launched
+
+Number = TypeVar("Number", int, float)
 
 __all__ = ["STOP_GRACE_S", "TIMEOUT_STATUS", "Child", "Launcher", "main"]
 
@@ -410,7 +412,8 @@ def _free_loopback_port() -> int:
     # take it in between, and process 0 would then fail to start (and the run with it).
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def _bypass_proxies(env: dict[str, str]) -> None:
@@ -423,8 +426,8 @@ def _bypass_proxies(env: dict[str, str]) -> None:
         env[key] = ",".join([*hosts, "127.0.0.1"])
 
 
-def _positive(kind: type) -> Callable[[str], Any]:
-    def parse(text: str) -> Any:
+def _positive(kind: type[Number]) -> Callable[[str], Number]:
+    def parse(text: str) -> Number:
         value = kind(text)
         if not value > 0:
             raise argparse.ArgumentTypeError(f"must be positive, got {text}")

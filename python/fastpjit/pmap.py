@@ -12,10 +12,13 @@ import operator
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+import jax
+
+from fastpjit import _core
 from fastpjit._jax import api as _jax
 from fastpjit._jax.jit_miss import pmap_cache_miss
+from fastpjit._recompiles import check_recompile
 from fastpjit._shared import FunctionCaches, SharedCaches, dispatch_cache
-from fastpjit.explain import check_recompile
 from fastpjit.jit import Wrapped
 from fastpjit.warm_start import SignatureLog
 
@@ -28,6 +31,7 @@ _shared_caches = SharedCaches()
 class PmapWrapped(Wrapped):
     """The function that fastpjit.pmap returns."""
 
+    _kind = "pmap"
     _pmapped: Any
     _signature_log: SignatureLog
     # JAX's pmap returns a plain Python function: pickle finds it by name in `__main__` too,
@@ -35,9 +39,10 @@ class PmapWrapped(Wrapped):
     _main_by_value = False
 
     @_jax.api_boundary
-    def lower(self, *args: Any, **kwargs: Any) -> Any:
+    def lower(self, *args: Any, **kwargs: Any) -> jax.stages.Lowered:
         """Lowers for these arguments, as `jax.pmap(fun).lower` does."""
-        return self._pmapped.lower(*args, **kwargs)
+        lowered: jax.stages.Lowered = self._pmapped.lower(*args, **kwargs)
+        return lowered
 
     def clear_cache(self) -> None:
         """Forgets the executables compiled for this function."""
@@ -102,7 +107,7 @@ def pmap(
 
     caches = _shared_caches.get(fun, options, new_caches)
 
-    def guarded_miss(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def guarded_miss(args: tuple[Any, ...], kwargs: dict[str, Any]) -> _core.CacheMiss:
         check_recompile(_jax.function_name(fun), caches.signatures, args, kwargs)
         return pmap_cache_miss(pmapped, args, kwargs)
 

@@ -13,12 +13,19 @@ import importlib.machinery
 import importlib.util
 import os
 import sys
+import types
+from collections.abc import Sequence
 
 
 class _InstallAfterJax(importlib.abc.MetaPathFinder):
     """Finds nothing itself: it wraps the loading of `jax`, once."""
 
-    def find_spec(self, name, path, target=None):
+    def find_spec(
+        self,
+        name: str,
+        path: Sequence[str] | None,
+        target: types.ModuleType | None = None,
+    ) -> importlib.machinery.ModuleSpec | None:
         if name != "jax":
             return None
         sys.meta_path.remove(self)
@@ -27,17 +34,17 @@ class _InstallAfterJax(importlib.abc.MetaPathFinder):
             return spec
         load = spec.loader.exec_module
 
-        def exec_module(module):
+        def exec_module(module: types.ModuleType) -> None:
             load(module)
             import fastpjit
 
             fastpjit.install()
 
-        spec.loader.exec_module = exec_module
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]  # this loader only
         return spec
 
 
-def _hidden_sitecustomize():
+def _hidden_sitecustomize() -> None:
     """Runs the `sitecustomize` module that this one comes before on the path, if any."""
     here = os.path.dirname(os.path.abspath(__file__))
     rest = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]

@@ -8,7 +8,8 @@ consumer:
 
 - `rust_handles`: what the native module `fastpjit._core` reads by name from `fastpjit._jax`
   (re-exported here, where Rust looks them up);
-- `api`: what fastpjit's public modules (jit, pmap, transfer, errors) take from JAX;
+- `api`: what fastpjit's public modules (jit, pmap, transfer) take from JAX;
+- `exceptions`: JAX's exception types that `fastpjit.errors` re-exports;
 - `jit_miss`: the cache misses of jit, AOT-compiled and pmap functions;
 - `xla_compile`: fastpjit's compiles through jaxlib's PjRt client, shared by the misses and
   compile_hlo;

@@ -1,5 +1,5 @@
-"""What fastpjit's public modules (jit, pmap, transfer, errors) take from JAX's internals: JAX's own
-jit and pmap, traceback filtering, jax.clear_caches(), the trace state and JAX's exception types."""
+"""What fastpjit's public modules (jit, pmap, transfer) take from JAX's internals: JAX's own jit
+and pmap, traceback filtering, jax.clear_caches() and the trace state."""
 
 from __future__ import annotations
 
@@ -12,10 +12,8 @@ from jax._src import api as _api
 from jax._src import config as _config
 from jax._src import core as _core
 from jax._src import mesh as _mesh
-from jax._src import named_sharding as _named_sharding
 from jax._src import pjit as _pjit
 from jax._src import pmap as _pmap_lib
-from jax._src import sharding as _sharding
 from jax._src import source_info_util as _source_info_util
 from jax._src import traceback_util as _traceback_util
 from jax._src import util as _util
@@ -25,10 +23,7 @@ from jax._src.lax import lax as _lax
 from fastpjit import _core as _native
 from fastpjit._jax.xla_compile import clear_xla_executables
 
-__all__ = ["ArrayImpl", "DuplicateSpecError", "IndivisibleError"]
-
-IndivisibleError = _sharding.IndivisibleError
-DuplicateSpecError = _named_sharding.DuplicateSpecError
+__all__ = ["ArrayImpl"]
 
 
 # --- The wrapped functions as JAX's: traceback filtering and jax.clear_caches() -------------

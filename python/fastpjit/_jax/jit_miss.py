@@ -28,7 +28,7 @@ from fastpjit._jax.rust_handles import canonical_dtype
 from fastpjit._jax.xla_compile import compile_lowering, thread_compiles
 
 
-def jit_cache_miss(jitted: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def jit_cache_miss(jitted: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _native.CacheMiss:
     """Runs a call of `jitted` as JAX's C++ dispatcher does on a cache miss, but compiled by
     fastpjit where it can be, and returns a `fastpjit._core.CacheMiss`: the outputs; where JAX
     would take its fast path next time, the `FastPath` that fastpjit's dispatcher takes
@@ -248,7 +248,7 @@ def _why_jax_compiles_lowering(computation: Any) -> str | None:
     return None
 
 
-def _fast_path(fast: Any, donated: Sequence[bool]) -> Any:
+def _fast_path(fast: Any, donated: Sequence[bool]) -> _native.FastPath | None:
     """fastpjit's `FastPath` from JAX's fast-path data, or None without a fast path."""
     if fast is None or any(layout is not None for layout in fast.in_device_local_layouts):
         return None
@@ -270,7 +270,9 @@ def _fast_path(fast: Any, donated: Sequence[bool]) -> Any:
     )
 
 
-def aot_cache_miss(compiled: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def aot_cache_miss(
+    compiled: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> _native.CacheMiss:
     """The cache miss of an ahead-of-time compiled function, as JAX's C++ dispatcher runs it:
     JAX checks and runs the call; the `CacheMiss` is as `jit_cache_miss` gives it."""
     executable, params = compiled._executable, compiled._params
@@ -315,7 +317,9 @@ def aot_cache_miss(compiled: Any, args: tuple[Any, ...], kwargs: dict[str, Any])
     return _native.CacheMiss(outs, fast_path, compiles=0, jax_reason=reason)
 
 
-def pmap_cache_miss(pmapped: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def pmap_cache_miss(
+    pmapped: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> _native.CacheMiss:
     """The cache miss of a jax.pmap function: JAX's pmap resolves its parameters and the jit
     over shard_map that it calls, whose miss is `jit_cache_miss`'s. Across processes, the
     call's host-local arrays become global arrays first and its outputs host-local ones after;

@@ -18,7 +18,7 @@ from jax._src import dispatch as _dispatch
 from jax._src import dtypes as _dtypes
 from jax._src import op_shardings as _op_shardings
 from jax._src import tree_util as _tree_util
-from jax._src.array import ArrayImpl
+from jax._src.array import ArrayImpl as ArrayImpl  # re-exported: Rust reads it from here
 from jax._src.interpreters import pxla as _pxla
 from jax._src.lib import _jax as _jaxlib
 from jax._src.lib import guard_lib as _guard_lib

@@ -15,7 +15,7 @@ from jax._src import dispatch as _dispatch
 from jax._src import sharding_impls as _sharding_impls
 from jax._src.interpreters import pxla as _pxla
 from jax._src.lib import xla_client as xc
-from jax._src.sharding_impls import GSPMDSharding
+from jax._src.sharding_impls import GSPMDSharding as GSPMDSharding  # fastpjit.sharding's
 
 from fastpjit import _core as _native
 

@@ -38,7 +38,8 @@ def _progress(items: list[T]) -> Iterable[T]:
         from tqdm import tqdm  # type: ignore[import-untyped]
     except ImportError:
         return _lines(items)
-    return tqdm(items, file=sys.stderr, unit="case", dynamic_ncols=True)
+    bar: Iterable[T] = tqdm(items, file=sys.stderr, unit="case", dynamic_ncols=True)
+    return bar
 
 
 def _lines(items: list[T]) -> Iterator[T]:

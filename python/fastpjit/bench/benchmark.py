@@ -51,7 +51,8 @@ class Benchmark:
     def overhead_ratio(self) -> float | None:
         """(fastpjit − floor) / (JAX − floor): the share of JAX's cost above the floor that
         fastpjit still pays (0 is the floor, 1 is no better than JAX)."""
-        return self.row["overhead_ratio"]
+        ratio: float | None = self.row["overhead_ratio"]
+        return ratio
 
     @property
     def trusted(self) -> bool:
@@ -276,7 +277,7 @@ def _waiting(
     kwargs: dict[str, Any],
     renew: Callable[[], tuple[tuple[Any, ...], dict[str, Any]]] | None,
 ) -> harness.Call:
-    block = jax.block_until_ready
+    block: Callable[[Any], Any] = jax.block_until_ready
     if renew is None:
         return harness.Call(lambda: block(f(*args, **kwargs)))
     current: list[Any] = [args, kwargs]

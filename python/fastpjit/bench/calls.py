@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+from jax.typing import ArrayLike
 
 import fastpjit
 from fastpjit._jax.jit_miss import jit_cache_miss, pmap_cache_miss
@@ -130,7 +131,7 @@ def _sides(
 # --- Arguments ------------------------------------------------------------------------------
 
 
-def _sharding(devices: int) -> Any:
+def _sharding(devices: int) -> jax.sharding.Sharding:
     if devices == 1:
         return jax.sharding.SingleDeviceSharding(jax.devices()[0])
     return NamedSharding(jax.make_mesh((devices,), ("x",)), P("x"))
@@ -139,13 +140,15 @@ def _sharding(devices: int) -> Any:
 def _array(devices: int, shape: tuple[int, ...] = SHAPE, offset: float = 0.0) -> jax.Array:
     """An array on the first `devices` devices; uncommitted on device 0 for `devices` 0."""
     host = np.arange(np.prod(shape), dtype=np.float32).reshape(shape) + offset
-    return jax.device_put(host, _sharding(devices) if devices else None)
+    array: jax.Array = jax.device_put(host, _sharding(devices) if devices else None)
+    return array
 
 
 def _stacked(devices: int, *shape: int) -> jax.Array:
     """A pmap input as a previous pmap leaves it."""
     host = np.arange(devices * int(np.prod(shape)), dtype=np.float32).reshape(devices, *shape)
-    return jax.pmap(lambda v: v, devices=jax.devices()[:devices])(host)
+    stacked: jax.Array = jax.pmap(lambda v: v, devices=jax.devices()[:devices])(host)
+    return stacked
 
 
 def _params(leaves: int, devices: int) -> dict[str, jax.Array]:
@@ -175,47 +178,50 @@ class Registered:
 # --- The functions --------------------------------------------------------------------------
 
 
-def plus_one(x):
+def plus_one(x: jax.Array) -> jax.Array:
     return x + 1
 
 
-def scale(x, s):
+def scale(x: jax.Array, s: ArrayLike) -> jax.Array:
     return x * s
 
 
-def add(x, y):
+def add(x: jax.Array, y: ArrayLike) -> jax.Array:
     return x + y
 
 
-def scale_static(x, n):
+def scale_static(x: jax.Array, n: int) -> jax.Array:
     return x * n
 
 
-def sgd(params, x, lr):
-    return jax.tree.map(lambda p: p - lr * jnp.sum(x), params)
+def sgd(params: dict[str, jax.Array], x: jax.Array, lr: float) -> dict[str, jax.Array]:
+    updated: dict[str, jax.Array] = jax.tree.map(lambda p: p - lr * jnp.sum(x), params)
+    return updated
 
 
-def state_step(state):
+def state_step(state: State) -> State:
     return State(jax.tree.map(lambda p: p + 1, state.params), state.step + 1)
 
 
-def registered_step(r):
+def registered_step(r: Registered) -> Registered:
     return Registered(r.w * 2, r.b + 1)
 
 
-def with_nones(tree):
-    return tree["a"] + tree["c"][0]
+def with_nones(tree: dict[str, Any]) -> jax.Array:
+    a: jax.Array = tree["a"]
+    c: jax.Array = tree["c"][0]
+    return a + c
 
 
-def tree_out(x):
+def tree_out(x: jax.Array) -> dict[str, Any]:
     return {"double": x * 2, "pair": (x + 1, x.sum())}
 
 
-def metrics_out(x):
+def metrics_out(x: jax.Array) -> dict[str, jax.Array]:
     return {f"metric{i:02d}": x * i for i in range(32)}
 
 
-def loop_step(state, x):
+def loop_step(state: jax.Array, x: jax.Array) -> jax.Array:
     return state * 0.5 + x
 
 
@@ -318,6 +324,7 @@ def _donation_loop(kind: str, d: int) -> Sides:
     """`state = f(state, x)` with the state donated, on every side."""
     wrap: Any
     oracle: Any
+    make: Callable[[], jax.Array]
     if kind == "jit":
         wrap, oracle, make = fastpjit.jit, jax.jit, lambda: _array(d)
         options: dict[str, Any] = {"donate_argnums": 0}
@@ -391,8 +398,10 @@ def _new_batches(fun: Any, calls: Calls, **options: Any) -> Sides:
     )
 
 
-def train_step(params, x, y):
-    def loss(p):
+def train_step(
+    params: tuple[jax.Array, jax.Array], x: jax.Array, y: jax.Array
+) -> tuple[tuple[jax.Array, jax.Array], jax.Array]:
+    def loss(p: tuple[jax.Array, jax.Array]) -> jax.Array:
         w, b = p
         return jnp.mean((jnp.tanh(x @ w) + b - y) ** 2)
 
@@ -475,7 +484,7 @@ def _chained_pmaps(d: int) -> Sides:
     options: dict[str, Any] = {"devices": jax.devices()[:d]}
     x = np.arange(d * 4, dtype=np.float32).reshape(d, 4)
 
-    def second(v):
+    def second(v: jax.Array) -> jax.Array:
         return v * 2
 
     f_ours, g_ours = fastpjit.pmap(plus_one, **options), fastpjit.pmap(second, **options)

@@ -110,7 +110,8 @@ def _copies(
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Copies of the arrays among the arguments, for the one call that finds the executable:
     a function that donates them consumes the copies, not the caller's."""
-    return jax.tree.map(fresh_copy, (args, kwargs))
+    copies: tuple[tuple[Any, ...], dict[str, Any]] = jax.tree.map(fresh_copy, (args, kwargs))
+    return copies
 
 
 def _dynamic_leaves(

@@ -24,6 +24,7 @@ import os
 import platform
 import statistics
 import time
+import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,8 @@ from typing import Any
 
 import jax
 import numpy
+
+from fastpjit import _core
 
 SIDES = ("ours", "jax", "floor")
 LABELS = {"ours": "fastpjit", "jax": "JAX", "floor": "floor"}
@@ -401,8 +404,6 @@ def aligned(table: Sequence[Sequence[str]]) -> list[str]:
 def environment() -> dict[str, Any]:
     """What a result was measured on, so that people can share it: the platform, its devices,
     the versions, and the machine's load when measuring began."""
-    import fastpjit  # the package imports this module
-
     devices = jax.devices()
     cpu = platform.processor() or platform.machine()
     try:
@@ -426,7 +427,7 @@ def environment() -> dict[str, Any]:
         "jax": jax.__version__,
         "jaxlib": jax.lib.__version__,
         "numpy": numpy.__version__,
-        "fastpjit": fastpjit.__version__,
+        "fastpjit": _core.__version__,
         "load_average": [round(x, 2) for x in os.getloadavg()],
     }
 
@@ -452,7 +453,7 @@ def loglog_slope(xs: Sequence[float], ys: Sequence[float]) -> float:
     )
 
 
-def _pyplot() -> Any:
+def _pyplot() -> types.ModuleType:
     """matplotlib's pyplot, drawing to files only."""
     try:
         import matplotlib

@@ -71,7 +71,7 @@ def cases(quick: bool = False) -> list[Case]:
     return rows
 
 
-def serve_step(params: Any, x: Any) -> Any:
+def serve_step(params: Any, x: jax.Array) -> jax.Array:
     # Every parameter is an input of the executable, as a model's weights are.
     total = jnp.stack([p.sum() for p in jax.tree.leaves(params)]).sum()
     return jnp.tanh(x) * total
