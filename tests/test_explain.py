@@ -109,6 +109,39 @@ def test_a_miss_on_a_sharding_a_static_value_x64_and_a_mesh_context(mesh):
         }
 
 
+def test_a_miss_names_the_jit_key_item_that_differs():
+    # The default matmul precision is an item of JAX's jit key that no record holds: the
+    # dispatcher's own description of the signature names it.
+    f = new_jit()
+    x = jnp.ones(4)
+    f(x, x)
+    with jax.default_matmul_precision("highest"):
+        report = unchanged(f, x, x)
+    assert report.outcome == "miss"
+    (difference,) = report.differences
+    assert difference.what == "jax_default_matmul_precision"
+    assert difference.path == "jit key: jax_default_matmul_precision"
+    assert "highest" in difference.call and "highest" not in difference.cached
+    assert "jax_default_matmul_precision differs" in str(report)
+
+
+def test_the_dispatcher_describes_every_item_of_a_signature(mesh):
+    f = fastpjit.jit(lambda tree, n: tree["w"] * n, static_argnums=1)
+    tree = {"w": jnp.ones(4), "b": (np.float32(1), 2.0)}
+    items = dict(f._dispatch_cache._describe(tree, 3))
+    assert items["args[0]['w']"].startswith("jax.Array float32[4], uncommitted, on Single")
+    assert items["args[0]['b'][0]"] == "numpy scalar float32"
+    assert items["args[0]['b'][1]"] == "python float (weak type)"
+    assert items["args[1]"] == "static 3 (int)"
+    assert items["tree"] == "({'b': (*, *), 'w': *})"
+    # Every item of the jit key, by name.
+    names = [i.removeprefix("jit key: ") for i in items if i.startswith("jit key: ")]
+    assert names == list(fastpjit._jax.jit_key_names)
+    assert items["jit key: jax_enable_x64"] == "False"
+    # A call that JAX runs has no signature.
+    assert f._dispatch_cache._describe("not an array", 3) is None
+
+
 def test_named_tuples_are_walked_by_field(mesh):
     import optax
 

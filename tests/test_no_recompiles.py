@@ -32,6 +32,20 @@ def warmed(*calls, **options):
     return f
 
 
+def test_a_miss_of_another_jit_key_names_the_item():
+    x = jnp.ones(4, jnp.float32)
+    f = warmed(((x, x), {}))
+    with (
+        fastpjit.no_recompiles(),
+        jax.default_matmul_precision("highest"),
+        pytest.raises(fastpjit.RecompileError) as error,
+    ):
+        f(x, x)
+    assert "jit key: jax_default_matmul_precision: jax_default_matmul_precision differs" in str(
+        error.value
+    )
+
+
 def test_hits_pass_and_misses_raise_naming_the_weak_type():
     f = warmed(((jnp.ones(4, jnp.float32), jnp.float32(2)), {}))
     with fastpjit.no_recompiles():

@@ -245,6 +245,36 @@ def nearest_differences(call: Signature, cached: list[Signature]) -> list[Differ
     return best
 
 
+def _described_differences(
+    dispatch: _core.DispatchCache, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> list[Difference] | None:
+    """What differs between the dispatcher's descriptions of this call's signature and of the
+    cached signature nearest to it (`DispatchCache._describe`: every leaf, static argument, the
+    tree and each item of the jit key); None where either is missing."""
+    described = dispatch._describe(*args, **kwargs)
+    if described is None:
+        return None
+    ours = dict(described)
+    best: list[Difference] | None = None
+    for cached in dispatch._cached_descriptions():
+        theirs = dict(cached)
+        found = [
+            Difference(_item_kind(item), item, ours.get(item, "none"), theirs.get(item, "none"))
+            for item in [*ours, *(i for i in theirs if i not in ours)]
+            if ours.get(item) != theirs.get(item)
+        ]
+        if best is None or len(found) < len(best):
+            best = found
+    return best
+
+
+def _item_kind(item: str) -> str:
+    """What an item of a description is: a jit-key item by its name, else the tree or a leaf."""
+    if item.startswith("jit key: "):
+        return item.removeprefix("jit key: ")
+    return "tree structure" if item == "tree" else "argument"
+
+
 # -- The explanation --------------------------------------------------------------------------
 
 
@@ -371,6 +401,10 @@ def explanation(
     differences = None
     if outcome == "miss" and call is not None:
         found = nearest_differences(call, log.signatures())
+        if not found and log.dispatch is not None:
+            # What a record holds is the same: the dispatcher's own description names what
+            # else keys the call (an item of the jit key, a static argument's type, ...).
+            found = _described_differences(log.dispatch, args, kwargs) or found
         differences = None if found is None else tuple(found)
     inputs = None
     if outcome == "hit" and "inputs" in probe:

@@ -226,9 +226,9 @@ class Compiled(Bindable, _core.JitFunction):
     def of(cls, compiled: Any, fun: Any = None) -> Compiled:
         """`compiled` (JAX's) of the function `fun` (or of no function known), as fastpjit
         calls it."""
-        log = SignatureLog()
-        miss = _jax.api_boundary(log.noting(functools.partial(aot_cache_miss, compiled)))
         cache = dispatch_cache(compiled if fun is None else fun, [], [])
+        log = SignatureLog(dispatch=cache)
+        miss = _jax.api_boundary(log.noting(functools.partial(aot_cache_miss, compiled)))
         wrapped = cls(compiled, miss, cache)
         wrapped._compiled, wrapped._fun = compiled, fun
         wrapped._signature_log = log
@@ -354,10 +354,8 @@ def _wrap(
         jitted = _jax.jax_jit(fun, **options)  # checks the options, as jax.jit does
         made.append(jitted)
         argnums, argnames = _jax.jit_static_args(jitted)
-        return FunctionCaches(
-            dispatch_cache(fun, argnums, argnames),
-            SignatureLog((argnums, argnames)),
-        )
+        cache = dispatch_cache(fun, argnums, argnames)
+        return FunctionCaches(cache, SignatureLog((argnums, argnames), dispatch=cache))
 
     caches = _shared_caches.get(fun, (kind._kind, options), new_caches)
     jax_function = _JaxFunction(

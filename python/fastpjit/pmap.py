@@ -100,10 +100,8 @@ def pmap(
     statics = [i for i in static_broadcasted_argnums if i >= 0]
 
     def new_caches() -> FunctionCaches:
-        return FunctionCaches(
-            dispatch_cache(fun, statics, []),
-            SignatureLog((statics, ())),
-        )
+        cache = dispatch_cache(fun, statics, [])
+        return FunctionCaches(cache, SignatureLog((statics, ()), dispatch=cache))
 
     caches = _shared_caches.get(fun, options, new_caches)
 

@@ -105,6 +105,13 @@ array_single_device_arrays = vars(ArrayImpl)["_arrays"].fget
 flatten_one_level_for_dispatch = _tree_util.dispatch_registry.flatten_one_level
 trace_context = _config.trace_context
 DISABLE_JIT_INDEX = _config.trace_context_names().index("jax_disable_jit")
+# The name of each item of the jit key, in the order the dispatcher reads them (the trace
+# context's, then the states' and the post-hook's): a call signature's description names them.
+jit_key_names = (
+    *_config.trace_context_names(),
+    *(state.name for state in _line.jit_key_states),
+    "post_hook",
+)
 # JAX's post-hook, which runs the NaN and inf checks of jax_debug_nans and jax_debug_infs on the
 # outputs of every cached call: `hook(function, args, kwargs, outputs)`; None when they are off.
 post_hook_state = _api._post_hook_state

@@ -8,6 +8,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+from fastpjit import _core
 from fastpjit.warm_start.describe import Unrecordable, describe_call
 from fastpjit.warm_start.schema import Signature
 
@@ -30,9 +31,17 @@ def _frozen(value: Any) -> Any:
 class SignatureLog:
     """The signatures of one function's cache misses, newest last, at most `capacity`; calls
     that a record cannot hold are counted by reason. `statics` are the function's static
-    argument positions and names."""
+    argument positions and names; `dispatch`, its dispatch cache, describes a call's signature
+    as the dispatcher keys it (`DispatchCache._describe`), jit key and all."""
 
-    def __init__(self, statics: tuple[Any, Any] = ((), ()), capacity: int = 1024) -> None:
+    def __init__(
+        self,
+        statics: tuple[Any, Any] = ((), ()),
+        capacity: int = 1024,
+        *,
+        dispatch: _core.DispatchCache | None = None,
+    ) -> None:
+        self.dispatch = dispatch
         self._static_positions = set(statics[0])
         self._static_names = set(statics[1])
         self._capacity = capacity

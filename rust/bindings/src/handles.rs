@@ -16,6 +16,9 @@ pub struct Handles {
     pub trace_context: Py<PyAny>,
     /// The jit key's states outside the trace context, and the getter of a state's value.
     pub jit_key_states: Vec<Py<PyAny>>,
+    /// The name of each item of the jit key (the trace context's, then the states'), for a
+    /// signature's description.
+    pub jit_key_names: Vec<String>,
     pub config_value: Py<PyAny>,
     pub post_hook_state: Py<PyAny>,
     /// Where `jax_disable_jit` sits in the trace context.
@@ -160,6 +163,7 @@ fn fetch(py: Python<'_>) -> PyResult<Handles> {
             .try_iter()?
             .map(|state| state.map(Bound::unbind))
             .collect::<PyResult<_>>()?,
+        jit_key_names: jax.getattr("jit_key_names")?.extract()?,
         config_value: get(jax, "config_value")?,
         post_hook_state: get(jax, "post_hook_state")?,
         disable_jit_index: jax.getattr("DISABLE_JIT_INDEX")?.extract()?,

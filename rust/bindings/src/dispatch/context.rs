@@ -27,6 +27,16 @@ pub struct Context {
     states: Vec<Py<PyAny>>,
 }
 
+impl Context {
+    /// The jit key's items, in the order that `jit_key_names` names them.
+    pub fn items<'py>(&self, py: Python<'py>) -> Vec<Bound<'py, PyAny>> {
+        let trace = self.trace.bind(py).iter();
+        trace
+            .chain(self.states.iter().map(|s| s.bind(py).clone()))
+            .collect()
+    }
+}
+
 impl<'py> LiveContext<'py> {
     pub fn read(py: Python<'py>, h: &Handles) -> PyResult<Self> {
         let trace = h.trace_context.bind(py).call0()?.cast_into::<PyTuple>()?;

@@ -10,11 +10,13 @@
 //! - `context`: JAX's jit key (trace context, trace state, ...), read on every call.
 //! - `tree`, `leaf`: a call flattened in JAX's order, and each leaf as the signature sees it.
 //! - `signature`: the call signature, compared by identity first and by value on a miss.
+//! - `describe`: a signature in words, item by item, for `explain` and warm starts.
 //! - `entry`: a cached executable and how each argument becomes its input.
 //! - `miss`: the typed contract with the cache miss that Python runs.
 
 mod bound;
 mod context;
+mod describe;
 mod entry;
 mod function;
 mod leaf;

@@ -12,14 +12,16 @@ use fastpjit_core::dispatch::{CacheEntry, EntryCache, Found, Route, Unkeyable};
 use fastpjit_core::{BoundedMap, Delegation, Fallback};
 use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
-use pyo3::types::PyString;
+use pyo3::types::{PyDict, PyString, PyTuple};
 use pyo3::PyTraverseError;
 
+use super::context::LiveContext;
+use super::describe::{describe, Item};
 use super::entry::Entry;
 use super::leaf::{LiveLeaf, SeenArrays};
 use super::signature::{self, holds_array, matches, CallSignature, LeafKey, LiveCall, StaticArgs};
 use super::tree::Tree;
-use crate::handles::Handles;
+use crate::handles::{handles, Handles};
 use crate::stats::{function_stats, FunctionStats};
 
 /// What a cache entry holds once its miss has run. (Not boxed: a hit reads its entry on every
@@ -240,6 +242,52 @@ impl DispatchCache {
             delegation: Delegation::default(),
             generation: AtomicU64::new(0),
         }
+    }
+
+    /// The description of the signature of a call of these arguments (see `describe`), without
+    /// running it; None where the call has none (JAX runs it).
+    #[pyo3(name = "_describe", signature = (*args, **kwargs))]
+    fn describe_call<'py>(
+        &self,
+        args: &Bound<'py, PyTuple>,
+        kwargs: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Option<Vec<Item>>> {
+        let py = args.py();
+        let h = handles(py)?;
+        let context = if self.keyed_by_context {
+            let context = LiveContext::read(py, h)?;
+            if context.jit_disabled(h)? {
+                return Ok(None);
+            }
+            context
+        } else {
+            LiveContext::none(py)
+        };
+        let latest = self.cache.latest();
+        let mut call = LiveCall::split(&self.statics, args, kwargs, context)?;
+        if self.flatten(py, h, &mut call, latest.as_ref())?.is_err() {
+            return Ok(None);
+        }
+        let Ok(hash) = call.hash()? else {
+            return Ok(None);
+        };
+        signature::keep(&call, hash)?
+            .map(|signature| describe(py, h, &signature, &self.statics.argnums))
+            .transpose()
+    }
+
+    /// The descriptions of the signatures cached whose misses have run.
+    #[pyo3(name = "_cached_descriptions")]
+    fn cached_descriptions(&self, py: Python<'_>) -> PyResult<Vec<Vec<Item>>> {
+        let h = handles(py)?;
+        let mut out = Vec::new();
+        self.cache.try_for_each(|cached| {
+            if cached.outcome().is_some() {
+                out.push(describe(py, h, &cached.signature, &self.statics.argnums)?);
+            }
+            Ok::<_, PyErr>(())
+        })?;
+        Ok(out)
     }
 
     /// Forgets every cached executable.
