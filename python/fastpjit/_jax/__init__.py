@@ -70,8 +70,8 @@ from fastpjit._jax.rust_handles import (
     transfer_guard_thread_state,
 )
 
-# The names that the native module reads (rust/bindings/src: jax.rs, dispatch/handles.rs,
-# transfer.rs, sharding.rs).
+# The names that the native module reads, through its one handle table
+# (rust/bindings/src/handles.rs).
 __all__ = [
     "ARRAY_HOST_VALUE",
     "ARRAY_TO_HOST",

@@ -1,8 +1,8 @@
 """The JAX and jaxlib objects that the native module (`fastpjit._core`) fetches once, by name, from
 `fastpjit._jax`: jaxlib's array getters, JAX's jit key and transfer guard, and the transfer steps.
 
-The Rust handle tables (`rust/bindings/src/jax.rs`, `dispatch/handles.rs`, `transfer.rs`,
-`sharding.rs`) name every attribute here; `fastpjit._jax` re-exports each one.
+The one Rust handle table (`rust/bindings/src/handles.rs`) names every attribute here;
+`fastpjit._jax` re-exports each one.
 """
 
 from __future__ import annotations
