@@ -1,8 +1,9 @@
-"""The package's layout: no import cycle among fastpjit's Python modules, counting the imports
-made inside functions too (a cycle hidden in a function is still a cycle; only imports under
+"""The package's layout: no import cycle among fastpjit's Python modules, nor among the Rust
+bindings' files; for Python, counting the imports made inside functions too (a cycle hidden in a function is still a cycle; only imports under
 `if TYPE_CHECKING:`, which never run, are left out)."""
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "python" / "fastpjit"
@@ -156,3 +157,49 @@ def test_no_import_cycles():
     graph = import_graph()
     found = [" -> ".join(a_cycle(graph, component)) for component in cycles(graph)]
     assert not found, "import cycles:\n" + "\n".join(found)
+
+
+# -- The Rust bindings ------------------------------------------------------------------------
+
+BINDINGS = PACKAGE.parent.parent / "rust" / "bindings" / "src"
+
+
+def rust_module(path: Path, root: Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return "::".join(parts[:-1] if parts[-1] in ("mod", "lib") else parts) or "crate"
+
+
+def rust_import_graph(root: Path = BINDINGS) -> dict[str, set[str]]:
+    """Each module of a crate, with the modules of the crate that its `use crate::` and `use
+    super::` items name (outside its tests)."""
+    texts = {rust_module(p, root): p.read_text() for p in root.rglob("*.rs")}
+    graph: dict[str, set[str]] = {}
+    for name, text in texts.items():
+        code = text.split("#[cfg(test)]")[0]
+        own = name.split("::") if name != "crate" else []
+        is_dir = (root / name.replace("::", "/") / "mod.rs").exists()
+        deps = set()
+        for anchor, items in re.findall(r"\buse (crate|super)::([\w:]+|\{[^}]*\})", code):
+            base = [] if anchor == "crate" else own if is_dir else own[:-1]
+            for item in re.findall(r"[\w:]+", items):
+                segments = base + item.split("::")
+                for k in range(len(segments), 0, -1):
+                    target = "::".join(segments[:k])
+                    if target in texts and target != name:
+                        deps.add(target)
+                        break
+        graph[name] = deps
+    return graph
+
+
+def test_the_rust_graph_sees_the_bindings():
+    graph = rust_import_graph()
+    assert "dispatch::shared" in graph["dispatch::function"]
+    assert "handles" in graph["errors"]
+
+
+def test_no_binding_import_cycles():
+    # handles.rs is the ground floor: it imports nothing of the crate.
+    graph = rust_import_graph()
+    assert graph["handles"] == set()
+    assert cycles(graph) == []
