@@ -1,6 +1,7 @@
 """The package's layout: no import cycle among fastpjit's Python modules, nor among the Rust
-bindings' files; for Python, counting the imports made inside functions too (a cycle hidden in a function is still a cycle; only imports under
-`if TYPE_CHECKING:`, which never run, are left out)."""
+bindings' files. For Python, the imports made inside functions count too (a cycle hidden in a
+function is still a cycle); only imports under `if TYPE_CHECKING:`, which never run, are left
+out."""
 
 import ast
 import re
