@@ -11,6 +11,8 @@ mod process_local;
 mod shard_buffer;
 mod sharding;
 mod stats;
+#[cfg(test)]
+mod testing;
 mod transfer;
 
 // Shared classes here rely on the GIL (the dispatcher never holds a lock across a call into

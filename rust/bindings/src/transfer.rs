@@ -833,6 +833,7 @@ mod tests {
     use pyo3::types::PyModule;
 
     use super::*;
+    use crate::testing::{helper_module, items as list};
 
     /// Values placed and fetched, and what JAX and numpy say of them (the oracles).
     const HELPERS: &CStr = cr#"
@@ -875,19 +876,7 @@ def float0():
 "#;
 
     fn helpers(py: Python<'_>) -> Bound<'_, PyModule> {
-        py.import("fastpjit_transfer_helpers").unwrap_or_else(|_| {
-            PyModule::from_code(
-                py,
-                HELPERS,
-                c"fastpjit_transfer_helpers.py",
-                c"fastpjit_transfer_helpers",
-            )
-            .unwrap()
-        })
-    }
-
-    fn list<'py>(m: &Bound<'py, PyModule>, name: &str) -> Vec<Bound<'py, PyAny>> {
-        m.call_method0(name).unwrap().extract().unwrap()
+        helper_module(py, c"fastpjit_transfer_helpers", HELPERS)
     }
 
     #[test]

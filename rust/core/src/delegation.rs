@@ -62,7 +62,51 @@ pub struct HitInputs {
     pub passed: usize,
 }
 
+/// How an array argument came to the executable's devices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Copied {
+    /// The copy kept from the call before, which passed the same array.
+    Kept,
+    /// Copied now, as a new array.
+    New,
+    /// Copied now, and kept: the call before passed an array at the same address.
+    ToKeep,
+}
+
+impl Copied {
+    /// How a copy made now counts: kept where the call before passed the array again.
+    pub fn now(seen_again: bool) -> Self {
+        if seen_again {
+            Self::ToKeep
+        } else {
+            Self::New
+        }
+    }
+}
+
 impl HitInputs {
+    /// Records an array argument passed as it is.
+    pub fn passed(&mut self) {
+        self.passed += 1;
+    }
+
+    /// Records an array argument copied to the executable's devices, as `how` says.
+    pub fn copied(&mut self, how: Copied) {
+        match how {
+            Copied::Kept => {}
+            Copied::New => self.copied += 1,
+            Copied::ToKeep => self.copied_to_keep += 1,
+        }
+    }
+
+    /// Records a host value placed: a numpy array (not a scalar) placed as one of a stream of
+    /// new values counts, as JAX's dispatch would place it for less.
+    pub fn placed_host(&mut self, streaming: bool, numpy_array: bool) {
+        if streaming && numpy_array {
+            self.placed += 1;
+        }
+    }
+
     /// Whether JAX's dispatch would serve such calls faster.
     pub fn favour_jax(self) -> bool {
         let new = self.placed + self.copied;
@@ -321,5 +365,24 @@ mod tests {
             delegation.delegates(CARRIES_NUMPY),
             Some(Handover::Placements)
         );
+    }
+
+    #[test]
+    fn a_hit_counts_what_it_placed_and_copied_anew() {
+        let mut inputs = HitInputs::default();
+        inputs.passed();
+        inputs.copied(Copied::Kept);
+        inputs.copied(Copied::now(false));
+        inputs.copied(Copied::now(true));
+        inputs.placed_host(true, false);
+        inputs.placed_host(false, true);
+        inputs.placed_host(true, true);
+        let expected = HitInputs {
+            placed: 1,
+            copied: 1,
+            copied_to_keep: 1,
+            passed: 1,
+        };
+        assert_eq!(inputs, expected);
     }
 }

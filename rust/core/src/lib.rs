@@ -25,7 +25,7 @@ pub mod timing;
 pub mod transfer;
 
 pub use bounded::{BoundedMap, ForgetAll, Forgotten, LeastRecent, Recency, UseStamp};
-pub use delegation::{Delegation, Handover, HitInputs};
+pub use delegation::{Copied, Delegation, Handover, HitInputs};
 pub use error::ShardingError;
 pub use fallback::{Fallback, Whole, Why};
 pub use hlo_sharding::HloSharding;

@@ -6,9 +6,9 @@
 
 use std::sync::{Mutex, PoisonError};
 
-use fastpjit_core::dispatch::plan::{self, InputPlan, OutputForm};
+use fastpjit_core::dispatch::plan::{self, ArrayInput, InputPlan, OutputForm};
 use fastpjit_core::timing::Stage;
-use fastpjit_core::{HitInputs, KeptValues, LatestCopy};
+use fastpjit_core::{Copied, HitInputs, KeptValues, LatestCopy};
 use numpy::npyffi::{NPY_ORDER, PY_ARRAY_API};
 use numpy::{PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::gc::PyVisit;
@@ -63,17 +63,17 @@ fn array_input(
         .bind(py)
         .call1((own, &sharding, ndim))?
         .extract()?;
-    Ok(match (how.as_str(), copy) {
-        ("pass", _) => Input::Pass,
-        ("copy", Some(targets)) => {
-            let nbytes: usize = leaf.getattr(names(py).nbytes.bind(py))?.extract()?;
-            Input::Copy(CopyInput {
+    let nbytes: usize = leaf.getattr(names(py).nbytes.bind(py))?.extract()?;
+    Ok(
+        match (ArrayInput::of(&how, copy.is_some(), nbytes, donated), copy) {
+            (ArrayInput::Pass, _) => Input::Pass,
+            (ArrayInput::Copy { keep_latest }, Some(targets)) => Input::Copy(CopyInput {
                 targets,
-                latest: (!donated && nbytes <= KEPT_COPY_BYTES).then(Mutex::default),
-            })
-        }
-        _ => Input::Move(sharding),
-    })
+                latest: keep_latest.then(Mutex::default),
+            }),
+            _ => Input::Move(sharding),
+        },
+    )
 }
 
 /// An array argument that jaxlib copies to the executable's device, with the copy of the
@@ -83,21 +83,6 @@ struct CopyInput {
     /// None for a donated argument, whose copy the executable consumes, and for large arrays.
     latest: Option<Mutex<LatestCopy<Py<PyWeakrefReference>, Py<PyAny>>>>,
 }
-
-/// How a `CopyInput` gave an array on the executable's devices.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Copied {
-    /// The copy kept from the call before, which passed the same array.
-    Kept,
-    /// Copied now, as a new array.
-    New,
-    /// Copied now, and kept: the call before passed an array at the same address.
-    ToKeep,
-}
-
-/// The largest array whose latest copy is kept: the copy is held until another array is
-/// copied, and the time that keeping saves (about 4 µs) matters for small arrays only.
-const KEPT_COPY_BYTES: usize = 1 << 20;
 
 /// A host argument, placed as planned, or taken from device copies of its recent values.
 struct HostArg {
@@ -266,18 +251,14 @@ impl Entry {
                         if self.plan.multi_device {
                             check_live(h, leaf, j)?;
                         }
-                        took.inputs.passed += 1;
+                        took.inputs.passed();
                         inputs.push(leaf.clone());
                     }
                     Input::Copy(copy) => {
                         // jaxlib's copy reads the array's buffers unchecked.
                         check_live(h, leaf, j)?;
                         let (input, how) = copy.copied(h, leaf)?;
-                        match how {
-                            Copied::Kept => {}
-                            Copied::New => took.inputs.copied += 1,
-                            Copied::ToKeep => took.inputs.copied_to_keep += 1,
-                        }
+                        took.inputs.copied(how);
                         inputs.push(input);
                     }
                     Input::Move(sharding) => {
@@ -291,17 +272,14 @@ impl Entry {
                             None => *host_guarded.insert(h.host_transfers_guarded(py)?),
                         };
                         let (input, streaming) = host.place(h, leaf, key, guarded)?;
-                        if streaming
-                            && matches!(
-                                key,
-                                LiveLeaf::Host {
-                                    kind: HostKind::Array,
-                                    ..
-                                }
-                            )
-                        {
-                            took.inputs.placed += 1;
-                        }
+                        let numpy_array = matches!(
+                            key,
+                            LiveLeaf::Host {
+                                kind: HostKind::Array,
+                                ..
+                            }
+                        );
+                        took.inputs.placed_host(streaming, numpy_array);
                         inputs.push(input);
                     }
                     Input::Rewrap((aval, sharding)) => {
@@ -549,12 +527,7 @@ impl CopyInput {
         // the GIL, and a thread that takes it may be waiting for this lock.
         let released = std::mem::replace(&mut *lock(), now);
         drop(released);
-        let how = if seen_again {
-            Copied::ToKeep
-        } else {
-            Copied::New
-        };
-        Ok((copy, how))
+        Ok((copy, Copied::now(seen_again)))
     }
 
     fn copy<'py>(&self, h: &Handles, array: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
@@ -731,6 +704,7 @@ mod tests {
 
     use super::*;
     use crate::handles::handles;
+    use crate::testing::{helper_module, items as list};
 
     /// Values to read, and what JAX and numpy say of them (the oracles).
     const HELPERS: &CStr = cr#"
@@ -834,15 +808,7 @@ def equal(a, b):
 "#;
 
     fn helpers(py: Python<'_>) -> Bound<'_, PyModule> {
-        py.import("fastpjit_entry_helpers").unwrap_or_else(|_| {
-            PyModule::from_code(
-                py,
-                HELPERS,
-                c"fastpjit_entry_helpers.py",
-                c"fastpjit_entry_helpers",
-            )
-            .unwrap()
-        })
+        helper_module(py, c"fastpjit_entry_helpers", HELPERS)
     }
 
     fn call<'py>(
@@ -851,10 +817,6 @@ def equal(a, b):
         args: impl pyo3::call::PyCallArgs<'py>,
     ) -> Bound<'py, PyAny> {
         m.call_method1(name, args).unwrap()
-    }
-
-    fn list<'py>(m: &Bound<'py, PyModule>, name: &str) -> Vec<Bound<'py, PyAny>> {
-        m.call_method0(name).unwrap().extract().unwrap()
     }
 
     /// The bytes that key the device copies of `leaf`, a leaf the dispatcher keys.

@@ -540,6 +540,7 @@ mod tests {
 
     use super::*;
     use crate::dispatch::FastPath;
+    use crate::testing::helper_module;
 
     /// jit functions of this crate's classes (the installed module's are other types), whose
     /// misses are fastpjit's, rebuilt as this crate's `CacheMiss`.
@@ -585,15 +586,7 @@ def disable_jit():
 "#;
 
     fn helpers(py: Python<'_>) -> Bound<'_, PyModule> {
-        py.import("fastpjit_route_helpers").unwrap_or_else(|_| {
-            PyModule::from_code(
-                py,
-                HELPERS,
-                c"fastpjit_route_helpers.py",
-                c"fastpjit_route_helpers",
-            )
-            .unwrap()
-        })
+        helper_module(py, c"fastpjit_route_helpers", HELPERS)
     }
 
     /// The route of a call of `f`, as plain data: a hit and where it was found, a miss, or

@@ -16,13 +16,14 @@ use pyo3::types::{PyDict, PyString, PyTuple};
 use pyo3::PyTraverseError;
 
 use super::context::LiveContext;
-use super::describe::{describe, Item};
+use super::describe::describe;
 use super::entry::Entry;
 use super::leaf::{LiveLeaf, SeenArrays};
 use super::signature::{self, holds_array, matches, CallSignature, LeafKey, LiveCall, StaticArgs};
 use super::tree::Tree;
 use crate::handles::{handles, Handles};
 use crate::stats::{function_stats, FunctionStats};
+use fastpjit_core::dispatch::describe::Item;
 
 /// What a cache entry holds once its miss has run. (Not boxed: a hit reads its entry on every
 /// call.)

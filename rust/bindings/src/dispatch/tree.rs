@@ -10,6 +10,7 @@
 
 use std::sync::{Arc, LazyLock};
 
+use fastpjit_core::dispatch::describe as core_describe;
 use fastpjit_core::dispatch::tree as core_tree;
 use fastpjit_core::dispatch::{Unkeyable, MAX_TREE_DEPTH as MAX_DEPTH};
 use pyo3::ffi;
@@ -190,88 +191,26 @@ impl Tree {
 }
 
 impl Tree {
-    /// How the tree reads, as JAX prints a treedef (`*` a leaf), and the path of each leaf
-    /// from its argument's (`roots`, one per dynamic argument): `args[0]['w']`, `kwargs['x'].b`.
+    /// How the tree reads, and the path of each leaf (see the core's `Tree::describe`).
     pub fn describe(&self, py: Python<'_>, roots: &[String]) -> PyResult<(String, Vec<String>)> {
-        let mut nodes = self.nodes.iter();
-        let (mut text, mut paths) = (Vec::with_capacity(roots.len()), Vec::new());
-        for root in roots {
-            let mut out = String::new();
-            describe_node(py, &mut nodes, root, &mut out, &mut paths)?;
-            text.push(out);
-        }
-        Ok((format!("({})", text.join(", ")), paths))
+        self.0.describe(roots, &Live(py))
     }
 }
 
-/// Writes the node that `nodes` comes to next, at `path`, and its leaves' paths.
-fn describe_node(
-    py: Python<'_>,
-    nodes: &mut std::slice::Iter<'_, Node>,
-    path: &str,
-    out: &mut String,
-    paths: &mut Vec<String>,
-) -> PyResult<()> {
-    let Some(node) = nodes.next() else {
-        return Ok(());
-    };
-    let mut children = |out: &mut String, names: Vec<String>, open: &str, close: &str| {
-        out.push_str(open);
-        for (i, name) in names.iter().enumerate() {
-            if i > 0 {
-                out.push_str(", ");
-            }
-            describe_node(py, nodes, &format!("{path}{name}"), out, paths)?;
-        }
-        out.push_str(close);
-        Ok::<_, PyErr>(())
-    };
-    let indices = |n: usize| (0..n).map(|i| format!("[{i}]")).collect();
-    match node {
-        Node::Leaf => {
-            out.push('*');
-            paths.push(path.to_owned());
-        }
-        Node::Nothing => out.push_str("None"),
-        Node::Tuple(n) => children(out, indices(*n), "(", if *n == 1 { ",)" } else { ")" })?,
-        Node::List(n) => children(out, indices(*n), "[", "]")?,
-        Node::Dict { keys, .. } => {
-            let names: Vec<String> = keys
-                .iter()
-                .map(|key| Ok(format!("[{}]", key.bind(py).repr()?)))
-                .collect::<PyResult<_>>()?;
-            let open = names.iter().map(|n| &n[1..n.len() - 1]).collect::<Vec<_>>();
-            out.push('{');
-            for (i, (name, key)) in names.iter().zip(open).enumerate() {
-                if i > 0 {
-                    out.push_str(", ");
-                }
-                out.push_str(key);
-                out.push_str(": ");
-                describe_node(py, nodes, &format!("{path}{name}"), out, paths)?;
-            }
-            out.push('}');
-        }
-        Node::Dataclass {
-            kind, fields, meta, ..
-        } => {
-            let meta: Vec<String> = meta
-                .iter()
-                .map(|value| Ok(value.bind(py).repr()?.to_string()))
-                .collect::<PyResult<_>>()?;
-            let name = kind.bind(py).qualname()?;
-            let names = fields.data.iter().map(|f| format!(".{f}")).collect();
-            children(out, names, &format!("{name}[{}](", meta.join(", ")), ")")?;
-        }
-        Node::Registered {
-            kind, data, arity, ..
-        } => {
-            let name = kind.bind(py).qualname()?;
-            let data = data.bind(py).repr()?;
-            children(out, indices(*arity), &format!("{name}[{data}]("), ")")?;
-        }
+impl core_describe::Texts<PyHandles> for Live<'_> {
+    type Error = PyErr;
+
+    fn repr(&self, object: &Py<PyAny>) -> PyResult<String> {
+        Ok(object.bind(self.0).repr()?.to_string())
     }
-    Ok(())
+
+    fn type_name(&self, kind: &Py<PyType>) -> PyResult<String> {
+        Ok(kind.bind(self.0).qualname()?.to_string())
+    }
+
+    fn name(&self, name: &Py<PyString>) -> PyResult<String> {
+        Ok(name.bind(self.0).to_string())
+    }
 }
 
 /// Appends the nodes and leaves of `value`, a node `depth` containers deep; why not if it
@@ -828,10 +767,7 @@ def alike():
 "#;
 
     fn cases(py: Python<'_>) -> Bound<'_, PyModule> {
-        py.import("fastpjit_tree_cases").unwrap_or_else(|_| {
-            PyModule::from_code(py, CASES, c"fastpjit_tree_cases.py", c"fastpjit_tree_cases")
-                .unwrap()
-        })
+        crate::testing::helper_module(py, c"fastpjit_tree_cases", CASES)
     }
 
     /// The values that `name()` of the cases gives.

@@ -5,6 +5,7 @@
 
 pub mod bound;
 pub mod cache;
+pub mod describe;
 pub mod memo;
 pub mod plan;
 pub mod route;

@@ -215,13 +215,13 @@ impl<H: Handles> Tree<H> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::convert::Infallible;
 
     use super::*;
 
     /// Handles as plain strings: objects compare by value, types by name.
-    struct Plain;
+    pub(crate) struct Plain;
 
     impl Handles for Plain {
         type Object = String;
