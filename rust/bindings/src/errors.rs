@@ -3,7 +3,8 @@
 
 use std::borrow::Cow;
 
-use fastpjit_core::dispatch::plan::DonationClash;
+pub use fastpjit_core::error::DispatchError;
+use fastpjit_core::error::ErrorKind;
 use fastpjit_core::strided::CopyError;
 use fastpjit_core::{LocalDataError, ShardingError};
 use pyo3::exceptions::{
@@ -151,77 +152,14 @@ pub fn sharding_error(
     }
 }
 
-/// The dispatcher's refusals of a call or of what a cache miss returned, each raised as the
-/// type that JAX raises for it.
-pub enum DispatchError {
-    /// The function's callables were cleared (by the garbage collector).
-    Cleared,
-    /// A keyword argument of a bound function's call is bound already.
-    BoundKeyword(String),
-    /// The cache miss described another number of arguments than the call has.
-    MissArity { described: usize, call: usize },
-    /// The cache miss's `FastPath` does not hold together.
-    FastPath(String),
-    /// A fallback code that names no fallback.
-    UnknownFallback(String),
-    /// The executable's outputs do not make its output tree.
-    OutputTree(String),
-    /// A static argument's `==` raised (`error`, between objects of these types).
-    StaticComparison {
-        types: (String, String),
-        error: String,
-    },
-    /// A donated buffer that the call also passes as another argument (as jaxlib says).
-    DonationClash(DonationClash),
-    /// An argument whose buffer an earlier computation consumed; `shape` its aval's short form.
-    DonatedArgument { position: usize, shape: String },
-}
-
-impl From<DispatchError> for PyErr {
-    fn from(err: DispatchError) -> Self {
-        match err {
-            DispatchError::Cleared => PyRuntimeError::new_err("this jit function was cleared"),
-            DispatchError::BoundKeyword(name) => PyTypeError::new_err(format!(
-                "got multiple values for keyword argument {name}: it is bound"
-            )),
-            DispatchError::MissArity { described, call } => PyRuntimeError::new_err(format!(
-                "the cache miss described {described} arguments for a call of {call}"
-            )),
-            DispatchError::FastPath(why) => PyValueError::new_err(format!("FastPath: {why}")),
-            DispatchError::UnknownFallback(code) => PyValueError::new_err(format!(
-                "{code:?} is no fallback code; fastpjit._core.fallback_reasons() lists them"
-            )),
-            DispatchError::OutputTree(why) => PyRuntimeError::new_err(why),
-            DispatchError::StaticComparison { types, error } => PyValueError::new_err(format!(
-                "static arguments should be comparable using __eq__.The following error was \
-                 raised when comparing two objects of types {} and {}. The error was:\n{error}",
-                types.0, types.1
-            )),
-            DispatchError::DonationClash(clash) => {
-                let (what, example) = if clash.previously_donated {
-                    (
-                        "Attempt to use a buffer that was previously donated in the same call \
-                         to Execute()",
-                        "f(donate(a), a)",
-                    )
-                } else {
-                    (
-                        "Attempt to donate a buffer which is also used by the same call to \
-                         Execute()",
-                        "f(a, donate(a))",
-                    )
-                };
-                PyValueError::new_err(format!(
-                    "INVALID_ARGUMENT: {what} (flattened argument {}, replica 0, partition 0, \
-                     first use: {}). Toy example for this bug: `{example}`.",
-                    clash.input, clash.first
-                ))
-            }
-            DispatchError::DonatedArgument { position, shape } => PyValueError::new_err(format!(
-                "Invalid buffer passed as argument {position} (flattened): the array of \
-                 shape={shape} was donated to an earlier computation, so its buffer has been \
-                 deleted or donated."
-            )),
-        }
+/// A dispatcher's refusal (see the core's `DispatchError`), raised as the type that JAX raises
+/// for it. (Taken by value: a refusal is made to be raised.)
+#[allow(clippy::needless_pass_by_value)]
+pub fn refusal(err: DispatchError) -> PyErr {
+    let text = err.to_string();
+    match err.kind() {
+        ErrorKind::Runtime => PyRuntimeError::new_err(text),
+        ErrorKind::Type => PyTypeError::new_err(text),
+        ErrorKind::Value => PyValueError::new_err(text),
     }
 }

@@ -13,7 +13,7 @@ use fastpjit_core::Fallback;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::errors::DispatchError;
+use crate::errors::{refusal, DispatchError};
 
 /// Counts that belong to no function: compiles and fallbacks that Python code paths report
 /// (`compile_hlo`'s compiles, `device_put`'s fallbacks).
@@ -249,7 +249,8 @@ pub fn py_count_fallback(code: &str) -> PyResult<()> {
 
 /// The fallback of `code`; a `ValueError` naming it where it is none.
 pub fn fallback_of(code: &str) -> PyResult<Fallback> {
-    Fallback::from_code(code).ok_or_else(|| DispatchError::UnknownFallback(code.to_owned()).into())
+    Fallback::from_code(code)
+        .ok_or_else(|| refusal(DispatchError::UnknownFallback(code.to_owned())))
 }
 
 /// Every fallback's code and text: `{code: text}`, in the order of `docs/fallbacks.md`.

@@ -24,7 +24,7 @@ use super::leaf::LiveLeaf;
 use super::shared::{Cached, Outcome};
 use super::signature::{is_key_of, is_positional_under, same_leaf};
 use super::tree::Tree;
-use crate::errors::DispatchError;
+use crate::errors::{refusal, DispatchError};
 use crate::handles::{handles, Handles};
 use crate::stats::{mark, record, Clock, Counter};
 use fastpjit_core::timing::Stage;
@@ -162,7 +162,7 @@ impl BoundFunction {
                 let merged = bound_kwargs.copy()?;
                 for (name, value) in kwargs.iter() {
                     if merged.contains(&name)? {
-                        return Err(DispatchError::BoundKeyword(name.to_string()).into());
+                        return Err(refusal(DispatchError::BoundKeyword(name.to_string())));
                     }
                     merged.set_item(name, value)?;
                 }

@@ -20,7 +20,7 @@ use super::leaf::{refers_to, HostKind, LiveLeaf, ScalarKind};
 use super::miss::{Conversion, FastPath};
 use super::signature::{CallSignature, LeafKey, LiveCall};
 use super::tree::Tree;
-use crate::errors::DispatchError;
+use crate::errors::{refusal, DispatchError};
 use crate::handles::{names, Handles};
 use crate::process_local::make_array_from_process_local_leaf;
 use crate::stats::{mark, Clock};
@@ -124,11 +124,10 @@ impl Entry {
     ) -> PyResult<Self> {
         let num_args = signature.leaves.len();
         if fast.donated.len() != num_args {
-            return Err(DispatchError::MissArity {
+            return Err(refusal(DispatchError::MissArity {
                 described: fast.donated.len(),
                 call: num_args,
-            }
-            .into());
+            }));
         }
         let num_consts = fast.const_args.len();
         let const_inputs = fast
@@ -429,7 +428,7 @@ impl Entry {
             .plan
             .donation_clash(leaves.len(), |k, j| leaves[k].is(&leaves[j]))
         {
-            Some(clash) => Err(DispatchError::DonationClash(clash).into()),
+            Some(clash) => Err(refusal(DispatchError::DonationClash(clash))),
             None => Ok(()),
         }
     }
@@ -480,11 +479,10 @@ fn check_live(h: &Handles, array: &Bound<'_, PyAny>, position: usize) -> PyResul
     let shape = array
         .getattr(names(py).aval.bind(py))?
         .call_method0(names(py).str_short.bind(py))?;
-    Err(DispatchError::DonatedArgument {
+    Err(refusal(DispatchError::DonatedArgument {
         position,
         shape: shape.to_string(),
-    }
-    .into())
+    }))
 }
 
 impl CopyInput {

@@ -20,7 +20,7 @@ use super::entry::{Entry, Took};
 use super::miss::CacheMiss;
 use super::shared::{lock, Cached, DispatchCache, Outcome};
 use super::signature::{self, CallSignature, LiveCall};
-use crate::errors::DispatchError;
+use crate::errors::{refusal, DispatchError};
 use crate::handles::{handles, Handles};
 use crate::stats::{guarding_jax_call, mark, recompiles_guarded, record, Clock, Counter};
 
@@ -77,7 +77,7 @@ impl JitFunction {
         lock(slot)
             .as_ref()
             .map(|f| f.bind(py).clone())
-            .ok_or_else(|| DispatchError::Cleared.into())
+            .ok_or_else(|| refusal(DispatchError::Cleared))
     }
 
     /// Reads a call: the route it takes before its cache entry is looked for (JAX's dispatch
@@ -144,7 +144,7 @@ impl JitFunction {
     ) -> PyResult<Bound<'py, PyAny>> {
         let jitted = lock(&self.jax_dispatch).get().map(|f| f.clone_ref(py));
         let Some(jitted) = jitted else {
-            return Err(DispatchError::Cleared.into());
+            return Err(refusal(DispatchError::Cleared));
         };
         self.stats.count(Counter::JaxCall);
         self.stats.count_fallback(match why {
@@ -212,7 +212,7 @@ impl JitFunction {
         let py = slf.py();
         let this = slf.get();
         let Some(Outcome::Run(entry)) = cached.outcome() else {
-            return Err(DispatchError::Cleared.into());
+            return Err(refusal(DispatchError::Cleared));
         };
         this.stats.count(Counter::CacheHit);
         this.cache.hit(cached, latest);

@@ -5,7 +5,7 @@
 use fastpjit_core::Why;
 use pyo3::prelude::*;
 
-use crate::errors::DispatchError;
+use crate::errors::{refusal, DispatchError};
 use pyo3::types::PyList;
 
 /// An aval and a sharding: what a value of a pmap across processes becomes.
@@ -61,39 +61,34 @@ impl FastPath {
     ) -> PyResult<Self> {
         let inputs = kept.iter().filter(|&&k| k).count();
         if inputs != in_shardings.len() {
-            return Err(DispatchError::FastPath(format!(
+            return Err(refusal(DispatchError::FastPath(format!(
                 "{} input shardings for the {inputs} inputs that `kept` marks",
                 in_shardings.len()
-            ))
-            .into());
+            ))));
         }
         if kept.len() != const_args.len() + donated.len() {
-            return Err(DispatchError::FastPath(format!(
+            return Err(refusal(DispatchError::FastPath(format!(
                 "`kept` has {} flags for {} constants and {} arguments",
                 kept.len(),
                 const_args.len(),
                 donated.len()
-            ))
-            .into());
+            ))));
         }
         if in_global.as_ref().is_some_and(|g| g.len() != donated.len()) {
-            return Err(DispatchError::FastPath(
+            return Err(refusal(DispatchError::FastPath(
                 "`in_global` needs one entry per argument".to_owned(),
-            )
-            .into());
+            )));
         }
         let outputs = out_handlers.bind(py).len();
         if out_local.as_ref().is_some_and(|l| l.len() != outputs) {
-            return Err(DispatchError::FastPath(
+            return Err(refusal(DispatchError::FastPath(
                 "`out_local` needs one entry per output".to_owned(),
-            )
-            .into());
+            )));
         }
         if !out_shardings.is_empty() && out_shardings.len() != outputs {
-            return Err(DispatchError::FastPath(
+            return Err(refusal(DispatchError::FastPath(
                 "`out_shardings` needs one entry per output, or none".to_owned(),
-            )
-            .into());
+            )));
         }
         Ok(Self {
             executable,
@@ -143,7 +138,8 @@ impl CacheMiss {
     ) -> PyResult<Self> {
         let why = jax_reason
             .map(|code| {
-                Why::from_code(code).ok_or_else(|| DispatchError::UnknownFallback(code.to_owned()))
+                Why::from_code(code)
+                    .ok_or_else(|| refusal(DispatchError::UnknownFallback(code.to_owned())))
             })
             .transpose()?;
         Ok(Self {

@@ -24,7 +24,7 @@ use pyo3::PyTraverseError;
 use super::context::{Context, LiveContext};
 use super::leaf::{array_hashes, aval_value, host_shape, sharding_id, LiveLeaf};
 use super::tree::Tree;
-use crate::errors::DispatchError;
+use crate::errors::{refusal, DispatchError};
 use crate::handles::Handles;
 
 /// Which arguments are static, as the jitted function declares them.
@@ -203,11 +203,10 @@ fn same_static(a: &Bound<'_, PyAny>, b: &Bound<'_, PyAny>) -> PyResult<bool> {
                 .str()
                 .map_or_else(|_| "?".to_owned(), |s| s.to_string())
         };
-        DispatchError::StaticComparison {
+        refusal(DispatchError::StaticComparison {
             types: (type_name(a), type_name(b)),
             error: err.to_string(),
-        }
-        .into()
+        })
     })
 }
 

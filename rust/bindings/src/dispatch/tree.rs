@@ -20,7 +20,7 @@ use pyo3::types::{PyDict, PyList, PyString, PyTuple, PyType};
 use pyo3::PyTraverseError;
 use rustc_hash::FxHashMap;
 
-use crate::errors::DispatchError;
+use crate::errors::{refusal, DispatchError};
 use crate::handles::{names, Handles};
 use crate::memo::SharedMemo;
 
@@ -433,10 +433,9 @@ fn build<'py>(
             }
             Ok(dict.into_any())
         }
-        Node::Dataclass { .. } | Node::Registered { .. } => Err(DispatchError::OutputTree(
-            "the output tree has a node that is not builtin".to_owned(),
-        )
-        .into()),
+        Node::Dataclass { .. } | Node::Registered { .. } => Err(refusal(
+            DispatchError::OutputTree("the output tree has a node that is not builtin".to_owned()),
+        )),
     }
 }
 
@@ -492,7 +491,9 @@ fn ssize(n: usize) -> ffi::Py_ssize_t {
 
 /// The executable's outputs are not the leaves of its output tree (which jaxlib rules out).
 fn unfilled(count: usize) -> PyErr {
-    DispatchError::OutputTree(format!("{count} outputs do not fill the output tree")).into()
+    refusal(DispatchError::OutputTree(format!(
+        "{count} outputs do not fill the output tree"
+    )))
 }
 
 /// `value` taken apart one level by JAX's registry: its children and node data; None for a
