@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+from oracle import assert_same_outputs
 from rows import row
-from test_jit import assert_same_outputs
+from threads import run_in_threads
 
 import fastpjit
 
@@ -325,26 +326,17 @@ def test_eight_threads_of_2000_bound_calls():
     tokens = [jax.device_put(np.full((8, 4), i, np.float32), ROW_8) for i in range(8)]
     cache = jax.device_put(jnp.zeros((8,)), ROW_8)
     expected = [jax.jit(decode_step)(params, t, cache) for t in tokens]
-    errors: list[BaseException] = []
 
     def serve(i: int) -> None:
-        try:
-            for n in range(2000):
-                # Waited for, as a serving loop consumes each step: XLA's CPU collectives
-                # abort with hundreds of collective programs in flight (JAX's too).
-                out = jax.block_until_ready(g(tokens[i], cache))
-                if n % 100 == 0:
-                    assert_same_outputs(out, expected[i])
-            assert_same_outputs(g(tokens[i], cache), expected[i])
-        except BaseException as err:  # noqa: BLE001
-            errors.append(err)
+        for n in range(2000):
+            # Waited for, as a serving loop consumes each step: XLA's CPU collectives abort
+            # with hundreds of collective programs in flight (JAX's too).
+            out = jax.block_until_ready(g(tokens[i], cache))
+            if n % 100 == 0:
+                assert_same_outputs(out, expected[i])
+        assert_same_outputs(g(tokens[i], cache), expected[i])
 
-    threads = [threading.Thread(target=serve, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors[0]
+    run_in_threads(serve, count=8, timeout=110)
 
 
 def test_bound_numpy_weights_go_on_the_shardings_that_the_executable_takes():

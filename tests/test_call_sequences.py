@@ -31,7 +31,8 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
-from test_jit import assert_same_outputs, fresh, run_in_threads
+from oracle import assert_same_outputs, fresh
+from threads import run_in_threads
 
 import fastpjit
 

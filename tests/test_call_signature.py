@@ -29,7 +29,9 @@ from jax.errors import JaxRuntimeError
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from lines import DONATED_AGAIN
-from test_jit import Counts, assert_same_error, assert_same_outputs, both, fresh, run_in_threads
+from oracle import assert_same_error, assert_same_outputs, both, fresh
+from rows import Counts
+from threads import run_in_threads
 
 import fastpjit
 

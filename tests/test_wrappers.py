@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
-from test_jit import assert_same_outputs, fresh
+from oracle import assert_same_outputs, fresh
 
 import fastpjit
 from fastpjit import _core
