@@ -83,16 +83,30 @@ def test_bound_numpy_trees_are_placed_once_and_64_bit_values_are_left_to_each_ca
         )
 
 
-def test_static_arguments_beside_bound_ones():
+def test_static_arguments_beside_bound_ones_go_through_the_dispatcher():
+    # The bound path takes calls of positional arrays alone, and no function with static
+    # arguments: their values are part of the key that it would skip. Such bound calls are
+    # the dispatcher's hits, found by its recent-entry probe, never the bound path's.
     def scaled(params, x, n):
         return (x @ params["w"]) * n
 
     params = host_params()
-    f = fastpjit.jit(scaled, static_argnums=2)
-    g = f.bind(params)
+    g = fastpjit.jit(scaled, static_argnums=2).bind(params)
+    theirs = jax.jit(scaled, static_argnums=2)
     x = jnp.ones((3, 4))
+    # Misses: each value of n, then n=1 again with the numpy weights placed after the first call.
     for n in (1, 2, 1):
-        assert_same_outputs(g(x, n), jax.jit(scaled, static_argnums=2)(params, x, n))
+        assert_same_outputs(g(x, n), theirs(params, x, n))
+    before = row(scaled)
+    for n in (2, 1, 2, 1):
+        report = fastpjit.explain(g, x, n)
+        assert (report.outcome, report.path) == ("hit", "recent")
+        assert_same_outputs(g(x, n), theirs(params, x, n))
+    after = row(scaled)
+    assert after["cache_hits"] - before["cache_hits"] == 4
+    assert after["cache_misses"] == before["cache_misses"]
+    assert after["compiles"] == before["compiles"]
+    assert not g._on_bound_path
 
 
 @pytest.mark.parametrize("devices", [1, 8])
