@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
-from oracle import assert_same_outputs, fresh
+from oracle import assert_same_error, assert_same_outputs, fresh
 
 import fastpjit
 from fastpjit import _core
@@ -371,11 +371,10 @@ def test_a_bound_method_as_a_static_argument_traces_once():
     ],
 )
 def test_a_value_that_is_not_callable_fails_like_jax(call):
-    with pytest.raises(TypeError) as expected:
-        call(jax.jit, jax.pmap)
-    with pytest.raises(TypeError) as got:
-        call(fastpjit.jit, fastpjit.pmap)
-    assert str(got.value) == str(expected.value)
+    error = assert_same_error(
+        lambda: call(fastpjit.jit, fastpjit.pmap), lambda: call(jax.jit, jax.pmap)
+    )
+    assert type(error) is TypeError
 
 
 def test_pjit_of_none_fails_like_jax_s_jit():
