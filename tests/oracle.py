@@ -79,7 +79,7 @@ def _values(array: jax.Array) -> np.ndarray:
     """The array on the host, in a dtype that numpy compares: ml_dtypes' narrow floats (whose
     NaNs numpy cannot find) as float32, their narrow ints as int32."""
     values = np.asarray(array)
-    if values.dtype.kind != "V":
+    if values.dtype.type.__module__ == "numpy":
         return values
     return values.astype(
         np.float32 if jax.dtypes.issubdtype(values.dtype, np.floating) else np.int32
