@@ -191,6 +191,7 @@ def test_binding_a_donated_argument_is_a_value_error_naming_it():
     assert_same_outputs(compiled.bind(x)(jnp.ones(4)), x + 1)
 
 
+@pytest.mark.slow
 def test_a_bound_function_inside_jit_grad_and_vmap_stages_like_partial():
     params = host_params()
     g = fastpjit.jit(decode_step).bind(params)
@@ -212,6 +213,7 @@ def test_a_bound_function_inside_jit_grad_and_vmap_stages_like_partial():
     )
 
 
+@pytest.mark.slow
 def test_pmap_aot_and_compile_hlo_functions_bind():
     x = np.arange(16, dtype=np.float32).reshape(8, 2)
     pmapped = fastpjit.pmap(lambda a, b: a * b)
@@ -333,6 +335,7 @@ def test_new_weights_bound_while_four_threads_call_the_old_function():
     assert not errors, errors[0]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_eight_threads_of_2000_bound_calls():
     params = jax.device_put(host_params(), REPLICATED_8)
@@ -369,6 +372,7 @@ def test_bound_numpy_weights_go_on_the_shardings_that_the_executable_takes():
     assert after["cache_hits"] - before["cache_hits"] >= 2
 
 
+@pytest.mark.slow
 def test_the_bound_path_leaves_calls_of_other_signatures_and_contexts_to_the_dispatcher():
     """After the first call of positional arrays, a bound call of the same signature runs its
     entry directly; any other call (shapes, shardings, commitment, x64, keywords, a cleared

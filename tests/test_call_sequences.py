@@ -36,6 +36,9 @@ from threads import run_in_threads
 
 import fastpjit
 
+# Hundreds of random calls per sequence, against JAX: seconds each.
+pytestmark = [pytest.mark.slow]
+
 DEVICES = tuple(jax.devices())
 MESH = jax.make_mesh((8,), ("d",))
 Pair = collections.namedtuple("Pair", "a b")

@@ -290,6 +290,7 @@ def test_a_deleted_array_raises_jax_s_runtime_error():
                 f(deleted)
 
 
+@pytest.mark.subprocess
 @pytest.mark.timeout(120)
 def test_a_donated_array_on_eight_devices_raises_instead_of_crashing():
     # jaxlib 0.10.2 crashes when execute_sharded gets a donated multi-device buffer (JAX's own
@@ -345,6 +346,7 @@ def test_an_array_made_at_a_freed_arrays_address_is_read_anew():
     assert reused, "no array was made at a freed array's address: this test proves nothing"
 
 
+@pytest.mark.slow
 def test_alternating_arrays_then_one_made_at_a_freed_arrays_address_is_read_anew():
     # Calls that alternate between two arrays find both remembered; a new array at the
     # address of one of them, freed, must not pass for it.
@@ -367,6 +369,7 @@ def test_alternating_arrays_then_one_made_at_a_freed_arrays_address_is_read_anew
     assert reused, "no array was made at a freed array's address: this test proves nothing"
 
 
+@pytest.mark.slow
 def test_dicts_in_any_key_order_with_new_keys_or_changed_in_place():
     # A dict whose keys come in the order of the tree's dict, as the same objects, is read in
     # that order; any other is read key by key. JAX sorts the keys either way.
@@ -477,6 +480,7 @@ def test_python_scalars_of_every_type_and_sign(value):
         assert_same_outputs(ours(x, v), theirs(x, v))
 
 
+@pytest.mark.slow
 def test_numpy_scalars_and_arrays_of_every_width():
     ours, theirs = both(lambda a, b: a + b)
     x = jnp.arange(4, dtype=jnp.float32)
@@ -652,6 +656,7 @@ def test_keyword_arguments_in_any_order_and_names_built_at_run_time():
     assert ours.cache_size() == 1
 
 
+@pytest.mark.subprocess
 @pytest.mark.timeout(120)
 def test_a_donated_argument_that_is_also_another_argument_raises_instead_of_crashing():
     # jaxlib refuses it on one device (JAX's cached path raises a ValueError) and crashes on
@@ -857,6 +862,7 @@ def combine(tree):
     return sum(jnp.sum(leaf) for leaf in leaves) * len(leaves)
 
 
+@pytest.mark.slow
 def test_registered_nodes_key_by_type_node_data_and_children():
     ours, theirs = both(combine)
     x, y = jnp.arange(4.0), jnp.ones(3)
@@ -893,6 +899,7 @@ def test_a_namedtuple_registered_as_a_custom_node_flattens_as_registered():
         assert_same_outputs(ours(r), theirs(r))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_sharding_values_past_the_memo_s_bound_are_forgotten_and_calls_stay_right():
     """Each sharding value seen takes an id, remembered for at most 1,024 values; past that

@@ -735,6 +735,8 @@ print(json.dumps({"compiles": backend_compiles(), "hits": len(hits),
 """
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_persistent_compilation_cache_spares_a_second_process_the_compile(tmp_path):
     def child() -> dict[str, Any]:
         result = subprocess.run(

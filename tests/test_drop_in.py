@@ -96,6 +96,7 @@ def test_plain_substitution_does_not_recurse_and_hits(site, monkeypatch, request
     assert after["fallbacks"] == before["fallbacks"]
 
 
+@pytest.mark.slow
 def test_jax_s_own_functions_under_install_do_not_recurse():
     with fastpjit.install():
         key = jax.random.key(0)
@@ -155,6 +156,7 @@ def _nnx_training(steps: int) -> tuple[Any, list[np.ndarray]]:
     return nnx.state(model, nnx.Param), losses
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_flax_nnx_training_with_optax_under_install_is_bitwise_jax_s():
     theirs = _nnx_training(12)
@@ -203,6 +205,7 @@ def _linen_pmap_training(steps: int) -> tuple[Any, list[np.ndarray]]:
     return params, losses
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_flax_linen_under_pmap_with_psum_under_install_is_bitwise_jax_s():
     theirs = _linen_pmap_training(6)
@@ -243,6 +246,7 @@ def _plain_training(steps: int) -> tuple[Any, list[np.ndarray]]:
     return params, losses
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_plain_jit_training_loop_with_numpy_batches_and_a_key_is_bitwise_jax_s():
     theirs = _plain_training(20)
@@ -361,6 +365,8 @@ print(compiles)
 """
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 @pytest.mark.timeout(120)
 def test_compile_counts_never_exceed_jax_s():
     """Explicit mesh axes, replicated parameters and a sharded batch, the second call passing
@@ -500,6 +506,7 @@ def run_program(tmp_path, source, *args):
     )
 
 
+@pytest.mark.subprocess
 @pytest.mark.timeout(120)
 def test_fastpjit_run_installs_prints_the_summary_and_exits_with_the_script_s_status(tmp_path):
     done = run_program(
@@ -532,6 +539,7 @@ def test_fastpjit_run_installs_prints_the_summary_and_exits_with_the_script_s_st
     assert line.split() == ["__main__.program_step", "5", "4", "1", "0", "0", "1"]
 
 
+@pytest.mark.subprocess
 @pytest.mark.timeout(120)
 def test_fastpjit_run_s_summary_counts_each_call_once_in_a_row_of_its_own(tmp_path):
     source = """
@@ -578,6 +586,7 @@ def test_fastpjit_run_s_summary_counts_each_call_once_in_a_row_of_its_own(tmp_pa
     assert "tracer" not in done.stderr  # calls inside a trace are no fallback
 
 
+@pytest.mark.subprocess
 @pytest.mark.timeout(120)
 def test_fastpjit_run_reports_a_failing_script_s_error(tmp_path):
     script = tmp_path / "failing.py"
@@ -615,6 +624,8 @@ def run_both(tmp_path, source):
     return ends
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize(
     "source",
@@ -648,6 +659,8 @@ def test_fastpjit_run_ends_as_python_does(tmp_path, source):
     assert ours == theirs
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 @pytest.mark.timeout(240)
 def test_fastpjit_run_of_a_missing_program_says_what_python_says(tmp_path):
     for args in (["nothing.py"], ["-m", "no_such_module"], ["-m", "no_such.module"]):
@@ -680,6 +693,8 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("this_process", [False, True])
 def test_fastpjit_run_installs_in_spawned_and_forkserver_workers(tmp_path, this_process):
@@ -699,6 +714,7 @@ def test_fastpjit_run_installs_in_spawned_and_forkserver_workers(tmp_path, this_
     assert done.stdout.split() == ["spawn", str(installed), "forkserver", str(installed)]
 
 
+@pytest.mark.subprocess
 def test_fastpjit_run_s_usage_calls_the_program_s_arguments_optional():
     done = subprocess.run(
         [sys.executable, "-m", "fastpjit", "run", "--help"],

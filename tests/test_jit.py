@@ -261,6 +261,7 @@ def tree_arguments(tag: str = "t") -> tuple[tuple[Any, ...], dict[str, Any]]:
     return (d, lst, tup, None, point, tagged), {"scale": jnp.float32(0.5)}
 
 
+@pytest.mark.slow
 def test_pytree_arguments_and_outputs():
     ours, theirs = both(fresh(tree_function))
     args, kwargs = tree_arguments()
@@ -448,6 +449,7 @@ def test_static_arguments_compile_once_per_value():
     assert counts["compiles"] == 2 and ours.cache_size() == 2
 
 
+@pytest.mark.slow
 def test_keyword_arguments():
     def fun(x, y=1.0, *, z):
         return x * y + z
@@ -611,6 +613,7 @@ print("ok")
 """
 
 
+@pytest.mark.subprocess
 def test_float64_under_enable_x64():
     # x64 is part of JAX's trace context: a call under it is keyed apart, and its hits must
     # keep float64 (and int64) inputs as they are. In a child process: jaxlib can crash on an
@@ -647,6 +650,8 @@ print(json.dumps({"compiles": fastpjit.stats()["compiles"], "persistent_hits": l
 """
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_persistent_compilation_cache_spares_a_second_process_the_compile(tmp_path):
     # JAX's jax_compilation_cache_dir is honoured: the first process compiles and stores the
     # executable, the second loads it and compiles nothing.
@@ -763,6 +768,7 @@ def test_arguments_that_are_not_arrays_fail_like_jax():
     assert_same_error(ours, theirs, np.ma.masked_array(np.ones(3, np.float32), mask=[0, 1, 0]))
 
 
+@pytest.mark.slow
 def test_prng_keys():
     ours, theirs = both(lambda k: (jax.random.normal(k, (3,)), jax.random.split(k)))
     check_calls(ours, theirs, jax.random.key(0))
@@ -953,6 +959,7 @@ def plus_one_function() -> Any:
     return fun
 
 
+@pytest.mark.slow
 def test_recompiles_on_a_new_signature_only():
     # fastpjit compiles exactly when jax.jit of an identical function compiles, and caches an
     # executable exactly where JAX's dispatcher does.
@@ -998,6 +1005,7 @@ def test_recompiles_on_a_new_signature_only():
     assert counts["compiles"] == 0 and ours.cache_size() == size + 1
 
 
+@pytest.mark.slow
 def test_repeated_calls_flattened_in_rust_follow_every_change_of_structure():
     # A repeat of the latest call is flattened in Rust (tuples, lists, dicts, None) and
     # checked leaf by leaf; any change of structure, key, leaf or value must show.
@@ -1292,6 +1300,7 @@ def sine_sum(x):
     return jnp.sin(x).sum() * 2
 
 
+@pytest.mark.slow
 def test_grad_vmap_jit_of_a_fastpjit_function():
     x = jnp.arange(8.0)
     ours, theirs = both(sine_sum)
@@ -1584,6 +1593,7 @@ def test_fallbacks_are_counted_by_reason():
 # --- Threads --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_threads_call_one_function_concurrently():
     ours = fastpjit.jit(lambda x, y: x * 2 + y)
     host = {n: np.arange(n * 8, dtype=np.float32) for n in (1, 2)}

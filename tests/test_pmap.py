@@ -345,6 +345,7 @@ def test_static_broadcasted_recompiles_per_value():
     assert (ours.cache_size(), fastpjit.stats()["compiles"]) == (3, compiles + 3)
 
 
+@pytest.mark.slow
 def test_compiles_count_what_jax_compiles_for_the_call_moves_included():
     # Given an array that lives on one device, jax.pmap compiles its program and the one it
     # slices the array across the devices with: a function's compiles count both, as JAX's.
@@ -516,6 +517,7 @@ def test_donated_input_deleted_before_a_first_call():
 KEYWORDS1 = both(lambda x, y: x.sum() + y, in_axes=1)
 
 
+@pytest.mark.slow
 def test_keyword_arguments_map_over_axis_zero():
     pair = both(add)
     check(pair, jnp.asarray(X84), y=jnp.asarray(X84))
@@ -603,6 +605,7 @@ def test_python_int_too_large_for_int32_after_a_hit():
     assert_same_error_type(ours, theirs, X84, 2**40)
 
 
+@pytest.mark.slow
 def test_typed_prng_keys():
     keys = jax.random.split(jax.random.key(0), 8)
     check(both(lambda k: jax.random.normal(k, (3,))), keys)
@@ -701,6 +704,7 @@ def test_out_axes_one_into_in_axes_zero_raises_like_jax():
 GRAD_F = both(lambda w, x: jnp.tanh(w * x) / lax.psum(w, "i"), axis_name="i")
 
 
+@pytest.mark.slow
 def test_grad_of_pmap():
     def loss(pmap, w, x):
         return pmap(w, x).sum()
@@ -724,6 +728,7 @@ def traced_calls():
     return sum(f["traced"] for f in fastpjit.stats()["functions"].values())
 
 
+@pytest.mark.slow
 def test_vmap_of_pmap():
     x = jnp.arange(3 * 8 * 2.0).reshape(3, 8, 2)
     ours, theirs = NORMALIZE
@@ -769,6 +774,7 @@ for pmap in (jax.pmap, fastpjit.pmap):
 """
 
 
+@pytest.mark.subprocess
 def test_x64_toggled_between_cached_calls():
     # In a child process: a hit that places int64 where the executable takes int32 (or the
     # reverse) crashes jaxlib.

@@ -472,6 +472,7 @@ def test_float0_matches_jax():
         assert ours.dtype == ref.dtype and ours.shape == ref.shape
 
 
+@pytest.mark.slow
 def test_string_arrays_match_jax():
     # Strings past 15 bytes live in the array's own storage, not in its items.
     words = ["a", "bc" * 20, "", "long string number " + "3" * 30]
@@ -717,6 +718,7 @@ def assert_both_raise(exc_type, x, target, match=None):
     assert_no_new_arrays(before)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "leaf, type_name",
     [
@@ -740,6 +742,7 @@ def test_non_array_leaves_raise_type_error_naming_the_type(leaf, type_name):
 EXPLICIT_2x4 = jax.make_mesh((2, 4), ("x", "y"), axis_types=(AxisType.Explicit,) * 2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "target, x",
     [
@@ -807,6 +810,7 @@ def test_indivisible_shapes_raise_indivisible_error(shape, spec):
         fastpjit.device_put({"ok": np.zeros((8, 8)), "bad": np.zeros(shape)}, s)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "dtype",
     [">f4", ">i8", ">c8", "O", "U3", "S2", "V4", "M8[s]", "m8[s]", np.longdouble, np.clongdouble],
@@ -822,6 +826,7 @@ def test_unsupported_dtypes_raise_jax_type_error(dtype):
         assert str(ours.value) == str(ref.value)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("value", [2**31, -(2**31) - 1, 2**63, -(2**63) - 1, 2**64, 10**30])
 def test_python_int_overflow_raises_overflow_error(value):
     assert_both_raise(OverflowError, value, DEVICES[0], match=rf"{value}.*int32")
@@ -860,6 +865,7 @@ def _deleted(kind, sharding):
     return a
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["deleted", "donated"])
 @pytest.mark.parametrize("where", ["sharded", "single device", "replicated"])
 def test_deleted_and_donated_arrays_raise_runtime_error(kind, where):
@@ -923,6 +929,7 @@ def test_a_device_target_reuses_its_plan():
     assert _core.transfer_cache_sizes()[0] == put_plans
 
 
+@pytest.mark.slow
 def test_threads_put_and_get_at_once():
     # device_get copies with the GIL released; each thread must get back its own values.
     shardings = [
@@ -945,6 +952,7 @@ def _rss_bytes():
         return int(f.read().split()[1]) * 4096
 
 
+@pytest.mark.slow
 def test_no_memory_growth_over_many_puts_and_gets():
     shardings = [
         NamedSharding(MESH_2x4, P("x")),
@@ -1103,6 +1111,7 @@ def test_idle_host_memory_stays_within_its_limit(host_pool_limit):
     assert (pool["idle_blocks"], pool["idle_bytes"], pool["limit"]) == (0, 0, 0)
 
 
+@pytest.mark.slow
 def test_no_memory_growth_over_many_large_puts_and_gets(host_pool_limit):
     host_pool_limit(64 << 20)
     shardings = [
