@@ -1,6 +1,8 @@
 # The README's two commands: `make demo` and `make test`. Everything else supports them;
 # `make lint` (cargo fmt, clippy, ruff check and format, mypy; the stub is checked by the tests) runs in CI after the
-# tests, and `make test-all` runs `make test` on every supported JAX line.
+# tests, and `make test-all` runs `make test` on every supported JAX line. `make test-fast` is the
+# loop while working: the Python tests that are not marked slow and start no other process (under
+# 2 minutes on 2 cores); `make test` still runs them all.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -16,7 +18,7 @@ export JAX_PLATFORMS ?= cpu
 # venv and its own cargo target folder, so that switching lines rebuilds nothing.
 LINES ?= 3.11:0.10.2 3.12:0.11.2 3.13:0.12.0.1
 
-.PHONY: demo serve test test-all test-cluster py-cluster-test build venv rust-test rust-test-bindings py-test lint bench clean
+.PHONY: demo serve test test-fast test-all test-cluster py-cluster-test build venv rust-test rust-test-bindings py-test lint bench clean
 
 demo: build
 	$(PY) examples/demo.py
@@ -85,8 +87,17 @@ test-all: rust-test
 	done; \
 	printf "make test-all:$$summary\n"; exit $$status
 
+# The slowest tests' times, so that a test that has grown slow shows (and gets `slow`).
 py-test:
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15
+
+# The markers are registered in pyproject.toml: `slow` (a second or more here), `subprocess`
+# (starts Python processes), `multiprocess` (starts several JAX processes that join as one
+# program). The property tests draw the dev profile's fewer examples (tests/conftest.py), unless
+# FASTPJIT_HYPOTHESIS_PROFILE chooses another.
+test-fast: build
+	FASTPJIT_HYPOTHESIS_PROFILE=$${FASTPJIT_HYPOTHESIS_PROFILE:-dev} \
+		$(PY) -m pytest -q -m "not slow and not subprocess and not multiprocess"
 
 # Multi-process runs under real SLURM (a one-machine cluster on loopback) and Open MPI,
 # installed from Debian's packages where missing (as root); tests/cluster/engines.py.

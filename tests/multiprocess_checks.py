@@ -24,6 +24,7 @@ import numpy as np
 from jax._src.sharding_impls import device_replica_id_map
 from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
+from oracle import assert_same_array, assert_same_outputs
 
 import fastpjit
 
@@ -35,21 +36,6 @@ CHECKS: list[Callable[[], None]] = []
 def check(fn: Callable[[], None]) -> Callable[[], None]:
     CHECKS.append(fn)
     return fn
-
-
-def assert_same_global_array(ours, theirs):
-    assert ours.shape == theirs.shape and ours.dtype == theirs.dtype, (ours.aval, theirs.aval)
-    assert ours.aval == theirs.aval, (ours.aval, theirs.aval)
-    assert ours.sharding == theirs.sharding, (ours.sharding, theirs.sharding)
-    assert ours.committed == theirs.committed
-    ours_shards = sorted(ours.addressable_shards, key=lambda s: s.device.id)
-    theirs_shards = sorted(theirs.addressable_shards, key=lambda s: s.device.id)
-    assert [(s.device, s.index) for s in ours_shards] == [
-        (s.device, s.index) for s in theirs_shards
-    ]
-    for a, b in zip(ours_shards, theirs_shards, strict=True):
-        assert a.data.dtype == b.data.dtype and a.data.shape == b.data.shape
-        np.testing.assert_array_equal(np.asarray(a.data), np.asarray(b.data))
 
 
 def devices():
@@ -162,9 +148,8 @@ def jit_over_a_global_mesh():
         results.append((ours(x, 1.5), theirs(x, 1.5), reduced_ours(x), reduced_theirs(x)))
     after = fastpjit.stats()
     for mine, expected, total, expected_total in results:
-        for a, b in zip(mine, expected, strict=True):
-            assert_same_global_array(a, b)
-        assert_same_global_array(total, expected_total)
+        assert_same_outputs(mine, expected)
+        assert_same_array(total, expected_total)
         assert float(total) == float(np.arange(64).sum())
     assert after["cache_hits"] - before["cache_hits"] == 4, (before, after)
     assert after["compiles"] - before["compiles"] == 2, (before, after)
@@ -182,7 +167,7 @@ def device_put_across_processes():
             sharding = NamedSharding(mesh, spec)
             unaligned = np.arange(65, dtype=np.float32)[1:].reshape(8, 8)
             for value in (host, unaligned, host.T):
-                assert_same_global_array(
+                assert_same_array(
                     fastpjit.device_put(value, sharding), jax.device_put(value, sharding)
                 )
 
@@ -198,14 +183,6 @@ def hits_only(call: Callable[[], object]) -> object:
     return out
 
 
-def same_pmap_outputs(ours, theirs):
-    ours_leaves, ours_tree = jax.tree.flatten(ours)
-    theirs_leaves, theirs_tree = jax.tree.flatten(theirs)
-    assert ours_tree == theirs_tree, (ours_tree, theirs_tree)
-    for a, b in zip(ours_leaves, theirs_leaves, strict=True):
-        assert_same_global_array(a, b)
-
-
 def pmap_across_processes(fun, *args, repeats=3, **options):
     """`fastpjit.pmap` against `jax.pmap` on host-local arguments: the same outputs on every
     call, and every call after the first a hit with no fallback."""
@@ -213,7 +190,7 @@ def pmap_across_processes(fun, *args, repeats=3, **options):
     for i in range(repeats):
         expected = theirs(*args)
         got = ours(*args) if i == 0 else hits_only(lambda: ours(*args))
-        same_pmap_outputs(got, expected)
+        assert_same_outputs(got, expected)
 
 
 def host_rows(*shape):
@@ -259,7 +236,7 @@ def pmap_donation_across_processes():
         previous = o
         o = ours(o, batch) if i == 0 else hits_only(lambda o=o: ours(o, batch))
         t = theirs(t, batch)
-        same_pmap_outputs(o, t)
+        assert_same_outputs(o, t)
         assert previous.is_deleted()
 
 
@@ -290,8 +267,7 @@ def compare_with_jax(sharding, data, global_shape=None, *, fallbacks=0):
         assert type(ours) is type(theirs), (case, ours, theirs)
         return ours
     assert not isinstance(ours, Exception), (case, ours)
-    for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs), strict=True):
-        assert_same_global_array(a, b)
+    assert_same_outputs(ours, theirs)
     assert counted == fallbacks, (case, fastpjit.stats()["fallbacks"])
     return ours
 
@@ -428,9 +404,9 @@ def bound_function_across_processes():
 
     g = fastpjit.jit(step).bind(w)
     expected = jax.jit(step)(w, x)
-    same_pmap_outputs(g(x), expected)
+    assert_same_outputs(g(x), expected)
     for _ in range(2):
-        same_pmap_outputs(hits_only(lambda: g(x)), expected)
+        assert_same_outputs(hits_only(lambda: g(x)), expected)
     report = fastpjit.explain(g, x)
     assert (report.outcome, report.path) == ("hit", "bound"), report
 
@@ -453,7 +429,7 @@ def warm_up_across_processes():
         fresh = fastpjit.jit(scaled_total)
         report = fastpjit.warm_up(path, {"scaled_total": fresh}, threads=1)
     assert report.counts() == {"compiled": 1}, str(report)
-    same_pmap_outputs(hits_only(lambda: fresh(x)), jax.jit(scaled_total)(x))
+    assert_same_outputs(hits_only(lambda: fresh(x)), jax.jit(scaled_total)(x))
 
 
 @check

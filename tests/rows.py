@@ -1,4 +1,5 @@
-"""A function's row in `fastpjit.stats()["functions"]`, found by the Python function."""
+"""What fastpjit.stats() counted, as the tests read it: a function's row (`row`), and how far
+the totals moved since a point (`Counts`)."""
 
 from __future__ import annotations
 
@@ -19,3 +20,22 @@ def row(fun: Any) -> dict[str, Any]:
             return functions[key]
     zeros = dict.fromkeys(("calls", "cache_hits", "cache_misses", "jax_calls", "traced"), 0)
     return {**zeros, "compiles": 0, "fallbacks": {}}
+
+
+class Counts:
+    """Deltas of fastpjit.stats() counters since construction."""
+
+    def __init__(self) -> None:
+        self.start = fastpjit.stats()
+
+    def __getitem__(self, name: str) -> int:
+        return fastpjit.stats()[name] - self.start[name]
+
+    def fallbacks(self) -> dict[str, int]:
+        """The fallbacks counted since construction, by reason (those that moved only)."""
+        before = self.start["fallbacks"]
+        return {
+            reason: n - before.get(reason, 0)
+            for reason, n in fastpjit.stats()["fallbacks"].items()
+            if n != before.get(reason, 0)
+        }

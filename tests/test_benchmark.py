@@ -84,6 +84,7 @@ def test_a_jax_jit_function_keeps_its_statics_shardings_and_donation():
     np.testing.assert_array_equal(state, np.ones((8, 4), np.float32))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_fastpjit_functions_pmap_aot_and_bound():
     stacked = jax.pmap(lambda v: v)(np.arange(32, dtype=np.float32).reshape(8, 4))
@@ -113,6 +114,7 @@ def test_what_is_not_a_function_is_a_type_error():
         fastpjit.benchmark(3, jnp.ones(4))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_plot_writes_a_png_and_without_matplotlib_says_what_to_install(tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
@@ -125,6 +127,8 @@ def test_plot_writes_a_png_and_without_matplotlib_says_what_to_install(tmp_path,
     assert "fastpjit" in str(result)
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 @pytest.mark.timeout(240)
 def test_the_bench_command_writes_its_json_and_plot(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # it asks for 8 devices
@@ -159,6 +163,7 @@ def test_the_bench_command_writes_its_json_and_plot(tmp_path):
     assert (tmp_path / "bench.png").read_bytes().startswith(b"\x89PNG")
 
 
+@pytest.mark.subprocess
 def test_the_bench_command_rejects_a_pattern_that_matches_nothing(tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "fastpjit.bench", "--only", "no such row", "--out", str(tmp_path)],

@@ -31,9 +31,13 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
-from test_jit import assert_same_outputs, fresh, run_in_threads
+from oracle import assert_same_outputs, fresh
+from threads import run_in_threads
 
 import fastpjit
+
+# Hundreds of random calls per sequence, against JAX: seconds each.
+pytestmark = [pytest.mark.slow]
 
 DEVICES = tuple(jax.devices())
 MESH = jax.make_mesh((8,), ("d",))

@@ -26,28 +26,11 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from jaxlib import xla_client as xc
 from lines import DONATED_AGAIN
+from rows import Counts
 
 import fastpjit
 
 DEVICES = tuple(jax.devices())
-
-
-class Counts:
-    """Deltas of fastpjit.stats() counters since construction."""
-
-    def __init__(self) -> None:
-        self.start = fastpjit.stats()
-
-    def __getitem__(self, name: str) -> int:
-        return fastpjit.stats()[name] - self.start[name]
-
-    def fallbacks(self) -> dict[str, int]:
-        before = self.start["fallbacks"]
-        return {
-            reason: n - before.get(reason, 0)
-            for reason, n in fastpjit.stats()["fallbacks"].items()
-            if n != before.get(reason, 0)
-        }
 
 
 def same_sharding(ours: Any, theirs: Any, ndim: int) -> bool:
@@ -750,6 +733,8 @@ print(json.dumps({"compiles": backend_compiles(), "hits": len(hits),
 """
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_persistent_compilation_cache_spares_a_second_process_the_compile(tmp_path):
     def child() -> dict[str, Any]:
         result = subprocess.run(

@@ -9,6 +9,9 @@ import textwrap
 
 import pytest
 
+# Each case runs in a child Python, where a crash fails the case, not the suite.
+pytestmark = [pytest.mark.subprocess]
+
 
 def run_child(script: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run(
@@ -93,6 +96,7 @@ print("ok")
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("mode", ["one_device", "device"])
 def test_x64_switched_per_thread(mode):
@@ -164,6 +168,7 @@ print("ok")
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("where", ["main", "thread"])
 def test_deeply_nested_pytrees_do_not_crash(where):
@@ -242,6 +247,7 @@ print("ok")
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_random_deep_and_wide_trees_round_trip_as_in_jax():
     assert_ok(run_child(TREE_PROPERTY_CHILD, "25", "560", timeout=110))
@@ -354,6 +360,7 @@ print("ok")
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_hostile_modules_are_refused_before_xla_reads_them(tmp_path):
     # The six modules that killed the process, then 200 mutated ones, none of which may.

@@ -382,6 +382,7 @@ def test_malformed_text_raises_value_error_naming_the_column(text, column):
         fastpjit.parse_hlo_sharding(text, DEVICES)
 
 
+@pytest.mark.subprocess
 @pytest.mark.timeout(120)
 def test_deep_nesting_raises_value_error_not_a_crash():
     # Run apart: the failure mode was a segfault (unbounded recursion).
@@ -416,6 +417,7 @@ XLA_CANNOT_ALLOCATE = [
 ]
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("text", XLA_CRASHES_ON + XLA_CANNOT_ALLOCATE)
 def test_text_xla_crashes_on_raises_value_error(text):
     kind, _ = xla_verdict(text)
@@ -449,6 +451,7 @@ XLA_GREW_STRICTER = [
 ]
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize(("text", "on_0_10"), XLA_GREW_STRICTER)
 def test_text_that_xla_grew_stricter_on_is_refused_on_every_line(text, on_0_10):
     assert xla_verdict(text)[0] == by_line(jax_0_10=on_0_10, jax_0_11="error")
@@ -463,6 +466,7 @@ XLA_READS_NONSENSE = [
 ]
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("text", XLA_READS_NONSENSE)
 def test_text_xla_reads_as_nonsense_raises_value_error(text):
     assert xla_verdict(text)[0] == "ok"
@@ -584,6 +588,7 @@ def test_non_string_text_raises_type_error():
             fastpjit.parse_hlo_sharding(text, DEVICES)
 
 
+@pytest.mark.subprocess
 def test_an_empty_device_list_raises_value_error():
     # Run apart: the failure mode is a process abort (a CHECK in GSPMDSharding's constructor).
     code = textwrap.dedent(
@@ -774,6 +779,8 @@ def assert_reads_like_xla(text, devices=DEVICES):
         assert_matches_jax(sharding, shape)
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 @pytest.mark.timeout(600)
 @given(st.text(max_size=80))
 @example("{devices=[8]<=[8]}")
@@ -781,6 +788,7 @@ def test_any_text_reads_like_xla(text):
     assert_reads_like_xla(text)
 
 
+@pytest.mark.subprocess
 @pytest.mark.timeout(600)
 @given(mutated_texts())
 @example("{{replicated},{}}")
@@ -827,6 +835,8 @@ def clause_orders(draw):
     return "{" + "".join(draw(space) + c for c in clauses) + draw(space) + "}"
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 @pytest.mark.timeout(600)
 @given(clause_orders())
 def test_clauses_in_any_order_read_like_xla(text):

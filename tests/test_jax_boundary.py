@@ -388,6 +388,7 @@ def test_the_dependencies_resolve_to_the_supported_range():
                 assert allowed == (supported and of_its_line), (python, name, version, spec)
 
 
+@pytest.mark.subprocess
 @pytest.mark.timeout(120)
 def test_an_unsupported_jax_is_refused_at_import_naming_the_supported_versions():
     script = textwrap.dedent(
@@ -540,6 +541,7 @@ def _jit_key_only_states_in_jax_s_sources() -> tuple[str, ...]:
     return tuple(found)
 
 
+@pytest.mark.slow
 def test_jit_key_states_are_the_ones_the_dispatcher_reads():
     expected = JIT_KEY_ONLY_STATES[line.CURRENT]
     assert tuple(state.name for state in _jax.jit_key_states) == expected

@@ -1,10 +1,10 @@
 """fastpjit.jit against jax.jit on 8 CPU devices.
 
-Every case runs the same function through both and compares the outputs leaf by leaf (value,
-dtype, weak type, shape, aval, sharding, commitment) and the output tree, on the first call
-(a miss), on repeats (cache hits, by key and by identity) and with fresh arguments of the same
-signature. Errors must have JAX's type and message; compile and fallback counts are checked
-through fastpjit.stats() deltas.
+Every case runs the same function through both and compares the outputs with oracle.py's
+assertions, leaf by leaf (value, dtype, weak type, shape, aval, sharding, commitment) and the
+output tree, on the first call (a miss), on repeats (cache hits, by key and by identity) and
+with fresh arguments of the same signature. Errors must have JAX's type and message; compile
+and fallback counts are checked through fastpjit.stats() deltas.
 """
 
 from __future__ import annotations
@@ -20,8 +20,6 @@ import subprocess
 import sys
 import threading
 import time
-import types
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -31,8 +29,10 @@ import pytest
 from jax.errors import JaxRuntimeError
 from jax.sharding import AxisType, NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
-from lines import DONATED_AGAIN, ON_0_10, without_source_location
-from rows import row
+from lines import DONATED_AGAIN, ON_0_10
+from oracle import assert_same_error, assert_same_outputs, both, check_calls, fresh
+from rows import Counts, row
+from threads import run_in_threads
 
 import fastpjit
 from fastpjit._jax.jit_miss import jit_cache_miss
@@ -48,95 +48,7 @@ def test_the_suite_runs_on_eight_cpu_devices():
     assert {d.platform for d in DEVICES} == {"cpu"}
 
 
-# --- Comparison -----------------------------------------------------------------------------
-
-
-def assert_same_leaf(ours: Any, theirs: Any, where: str = "") -> None:
-    assert type(ours) is type(theirs), where
-    if not isinstance(theirs, jax.Array):
-        assert ours == theirs, where
-        return
-    assert ours.shape == theirs.shape, where
-    assert ours.dtype == theirs.dtype, where
-    assert ours.aval.weak_type == theirs.aval.weak_type, where
-    assert ours.aval == theirs.aval, where
-    assert ours.sharding == theirs.sharding, where
-    assert ours.committed == theirs.committed, where
-    if jnp.issubdtype(theirs.dtype, jax.dtypes.prng_key):
-        ours, theirs = jax.random.key_data(ours), jax.random.key_data(theirs)
-    np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs), err_msg=where)
-
-
-def assert_same_outputs(ours: Any, theirs: Any) -> None:
-    assert jax.tree.structure(ours) == jax.tree.structure(theirs)
-    assert_same_containers(ours, theirs)
-    ours_leaves = jax.tree.leaves(ours)
-    paths = jax.tree_util.tree_flatten_with_path(theirs)[0]
-    for mine, (path, leaf) in zip(ours_leaves, paths, strict=True):
-        assert_same_leaf(mine, leaf, jax.tree_util.keystr(path))
-
-
-def assert_same_containers(ours: Any, theirs: Any) -> None:
-    """The same containers, of the same exact types, with dict keys in the same order (tree
-    structures do not compare the order of a dict's keys)."""
-    assert type(ours) is type(theirs), f"{type(ours).__name__} != {type(theirs).__name__}"
-    if isinstance(theirs, dict):
-        assert list(ours) == list(theirs), f"dict keys {list(ours)} != {list(theirs)}"
-        for key in theirs:
-            assert_same_containers(ours[key], theirs[key])
-    elif isinstance(theirs, (tuple, list)):
-        assert len(ours) == len(theirs)
-        for mine, their in zip(ours, theirs, strict=True):
-            assert_same_containers(mine, their)
-
-
-def assert_same_error(ours: Any, theirs: Any, *args: Any, **kwargs: Any) -> BaseException:
-    """Both calls raise; the same exception type and message. Returns JAX's exception."""
-    with pytest.raises(Exception) as expected:
-        theirs(*args, **kwargs)
-    with pytest.raises(type(expected.value)) as got:
-        ours(*args, **kwargs)
-    assert type(got.value) is type(expected.value)
-    # JAX's side jits a copy of the function (see `both`), which may show in the message.
-    assert without_addresses(str(got.value)) == without_addresses(str(expected.value))
-    return expected.value
-
-
-def without_addresses(message: str) -> str:
-    """`message` without object addresses, and with JAX's source location cut to its file."""
-    return re.sub(r" at 0x[0-9a-f]+", " at 0x…", without_source_location(message))
-
-
-def both(fun: Any, **options: Any) -> tuple[Any, Any]:
-    """fastpjit's and JAX's jit of `fun`. JAX's traces a copy of the function, so that neither
-    side's trace, lowering or compile serves the other: each side compiles its own executable
-    and the outputs of JAX's are the oracle."""
-    return fastpjit.jit(fun, **options), jax.jit(fresh_if_function(fun), **options)
-
-
-def fresh_if_function(fun: Any) -> Any:
-    return fresh(fun) if isinstance(fun, types.FunctionType) else fun
-
-
-def fresh(fun: Any) -> Any:
-    """A new function object with `fun`'s code. JAX shares its dispatch cache among the
-    jax.jit objects of one function (and its trace and compile caches), so tests that compare
-    cache sizes or count compiles start from a function no other test has jitted."""
-    copy = types.FunctionType(
-        fun.__code__, fun.__globals__, fun.__name__, fun.__defaults__, fun.__closure__
-    )
-    copy.__kwdefaults__ = fun.__kwdefaults__
-    return copy
-
-
-def check_calls(ours: Any, theirs: Any, *args: Any, repeats: int = 3, **kwargs: Any) -> Any:
-    """Calls both `repeats` times with the same arguments (a miss, then hits) and compares."""
-    out = None
-    for _ in range(repeats):
-        expected = theirs(*args, **kwargs)
-        out = ours(*args, **kwargs)
-        assert_same_outputs(out, expected)
-    return out
+# --- Arguments and counters -----------------------------------------------------------------
 
 
 def fresh_copy(tree: Any) -> Any:
@@ -159,16 +71,6 @@ def fallbacks(code: str | None = None) -> int:
     """How many fallbacks of `code` (of any code where None) so far."""
     counted = fastpjit.stats()["fallbacks"]
     return sum(counted.values()) if code is None else counted.get(code, 0)
-
-
-class Counts:
-    """Deltas of fastpjit.stats() counters since construction."""
-
-    def __init__(self) -> None:
-        self.start = fastpjit.stats()
-
-    def __getitem__(self, name: str) -> int:
-        return fastpjit.stats()[name] - self.start[name]
 
 
 # --- Meshes ---------------------------------------------------------------------------------
@@ -356,6 +258,7 @@ def tree_arguments(tag: str = "t") -> tuple[tuple[Any, ...], dict[str, Any]]:
     return (d, lst, tup, None, point, tagged), {"scale": jnp.float32(0.5)}
 
 
+@pytest.mark.slow
 def test_pytree_arguments_and_outputs():
     ours, theirs = both(fresh(tree_function))
     args, kwargs = tree_arguments()
@@ -543,6 +446,7 @@ def test_static_arguments_compile_once_per_value():
     assert counts["compiles"] == 2 and ours.cache_size() == 2
 
 
+@pytest.mark.slow
 def test_keyword_arguments():
     def fun(x, y=1.0, *, z):
         return x * y + z
@@ -706,6 +610,7 @@ print("ok")
 """
 
 
+@pytest.mark.subprocess
 def test_float64_under_enable_x64():
     # x64 is part of JAX's trace context: a call under it is keyed apart, and its hits must
     # keep float64 (and int64) inputs as they are. In a child process: jaxlib can crash on an
@@ -742,6 +647,8 @@ print(json.dumps({"compiles": fastpjit.stats()["compiles"], "persistent_hits": l
 """
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_persistent_compilation_cache_spares_a_second_process_the_compile(tmp_path):
     # JAX's jax_compilation_cache_dir is honoured: the first process compiles and stores the
     # executable, the second loads it and compiles nothing.
@@ -858,6 +765,7 @@ def test_arguments_that_are_not_arrays_fail_like_jax():
     assert_same_error(ours, theirs, np.ma.masked_array(np.ones(3, np.float32), mask=[0, 1, 0]))
 
 
+@pytest.mark.slow
 def test_prng_keys():
     ours, theirs = both(lambda k: (jax.random.normal(k, (3,)), jax.random.split(k)))
     check_calls(ours, theirs, jax.random.key(0))
@@ -1048,6 +956,7 @@ def plus_one_function() -> Any:
     return fun
 
 
+@pytest.mark.slow
 def test_recompiles_on_a_new_signature_only():
     # fastpjit compiles exactly when jax.jit of an identical function compiles, and caches an
     # executable exactly where JAX's dispatcher does.
@@ -1093,6 +1002,7 @@ def test_recompiles_on_a_new_signature_only():
     assert counts["compiles"] == 0 and ours.cache_size() == size + 1
 
 
+@pytest.mark.slow
 def test_repeated_calls_flattened_in_rust_follow_every_change_of_structure():
     # A repeat of the latest call is flattened in Rust (tuples, lists, dicts, None) and
     # checked leaf by leaf; any change of structure, key, leaf or value must show.
@@ -1388,6 +1298,7 @@ def sine_sum(x):
     return jnp.sin(x).sum() * 2
 
 
+@pytest.mark.slow
 def test_grad_vmap_jit_of_a_fastpjit_function():
     x = jnp.arange(8.0)
     ours, theirs = both(sine_sum)
@@ -1688,25 +1599,7 @@ def test_fallbacks_are_counted_by_their_codes():
 # --- Threads --------------------------------------------------------------------------------
 
 
-def run_in_threads(work: Callable[[int], None], count: int = 4, timeout: float = 60) -> None:
-    """Runs `work(t)` on `count` threads at once; raises the first error that one of them met."""
-    errors: list[BaseException] = []
-
-    def run(t: int) -> None:
-        try:
-            work(t)
-        except BaseException as e:  # reported by the main thread
-            errors.append(e)
-
-    threads = [threading.Thread(target=run, args=(t,)) for t in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=timeout)
-    assert not any(thread.is_alive() for thread in threads)
-    assert not errors, errors[0]
-
-
+@pytest.mark.slow
 def test_threads_call_one_function_concurrently():
     ours = fastpjit.jit(lambda x, y: x * 2 + y)
     host = {n: np.arange(n * 8, dtype=np.float32) for n in (1, 2)}

@@ -45,6 +45,7 @@ def gone(pid: int) -> bool:
         return True
 
 
+@pytest.mark.subprocess
 def test_each_line_is_prefixed_with_its_process_index(tmp_path):
     path = script(
         tmp_path,
@@ -67,6 +68,7 @@ def test_each_line_is_prefixed_with_its_process_index(tmp_path):
     assert launcher.alive() == []
 
 
+@pytest.mark.subprocess
 def test_ten_or_more_processes_align_their_prefixes(tmp_path):
     path = script(tmp_path, "print('hi')\n")
     status, out, _, _ = run(path, 11)
@@ -74,6 +76,7 @@ def test_ten_or_more_processes_align_their_prefixes(tmp_path):
     assert "[ 0] hi\n" in out and "[10] hi\n" in out
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize(
     ("how", "status", "said"),
     [
@@ -102,6 +105,7 @@ def test_a_failed_process_stops_the_others(tmp_path, how, status, said):
     assert launcher.alive() == []
 
 
+@pytest.mark.subprocess
 def test_an_uncaught_exception_is_reported_before_the_process_exits(tmp_path):
     # A process that raises after jax.distributed.initialize() waits at exit, in JAX's
     # shutdown barrier, for its peers; an exit handler that never returns stands in for it.
@@ -127,6 +131,8 @@ def test_an_uncaught_exception_is_reported_before_the_process_exits(tmp_path):
     assert launcher.alive() == []
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_the_whole_process_group_is_stopped(tmp_path):
     # A process's own children are in its group, and go with it.
     path = script(
@@ -147,6 +153,7 @@ def test_the_whole_process_group_is_stopped(tmp_path):
     assert launcher.alive() == []
 
 
+@pytest.mark.subprocess
 def test_a_grandchild_left_behind_is_killed_at_the_end(tmp_path):
     path = script(
         tmp_path,
@@ -164,6 +171,8 @@ def test_a_grandchild_left_behind_is_killed_at_the_end(tmp_path):
     assert launcher.alive() == []
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_sigint_and_timeout_from_the_command_line(tmp_path):
     path = script(
         tmp_path,
@@ -196,6 +205,8 @@ def test_sigint_and_timeout_from_the_command_line(tmp_path):
     assert "--timeout of 1.5 s reached" in done.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal: Linux")
 def test_processes_die_with_a_launcher_that_is_killed_outright(tmp_path):
     # No launcher code runs on SIGKILL: each process asked the kernel, at `import fastpjit`.
@@ -223,6 +234,7 @@ def test_processes_die_with_a_launcher_that_is_killed_outright(tmp_path):
     assert all(gone(pid) for pid in pids)
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize(
     "args",
     [
@@ -323,6 +335,7 @@ def test_jax_s_own_detectors_come_before_jax_variables(monkeypatch):
     assert detected[1:3] == (2, 1)
 
 
+@pytest.mark.subprocess
 def test_the_launcher_says_which_job_it_runs_inside_another(tmp_path, monkeypatch):
     monkeypatch.setenv("SLURM_JOB_ID", "42")
     monkeypatch.setenv("SLURM_NTASKS", "3")

@@ -25,6 +25,9 @@ from lines import ON_0_10
 
 from fastpjit.launch import STOP_GRACE_S, Launcher
 
+# Every test launches JAX processes that join as one program: seconds each.
+pytestmark = [pytest.mark.slow, pytest.mark.subprocess, pytest.mark.multiprocess]
+
 HERE = Path(__file__).parent
 LAUNCH = [sys.executable, "-m", "fastpjit.launch", "--nproc", "2", "--local-devices", "4"]
 RUN_TIMEOUT_S = 150

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
-from rows import row
+from rows import Counts, row
 
 import fastpjit
+from fastpjit._jax.xla_compile import backend_compiles
 
 
 @pytest.fixture
@@ -127,10 +128,51 @@ def test_pmap_misses_raise_and_hits_pass():
             f(np.ones((8, 3), np.float32))
 
 
+def raised(f, args):
+    with pytest.raises(Exception) as info:
+        f(*args)
+    return info.value
+
+
 def test_aot_and_hlo_functions_never_compile_on_a_call():
-    compiled = fastpjit.jit(lambda x: x * 2).lower(jnp.ones(4)).compile()
+    # Both are compiled before their first call: a call of a new kind of argument misses the
+    # dispatcher's cache and compiles nothing, so the guard lets it through; a wrong argument
+    # raises inside the guard the error that it raises outside.
+    host = np.arange(32, dtype=np.float32).reshape(8, 4)
+    rows = NamedSharding(jax.make_mesh((2,), ("x",), devices=jax.devices()[:2]), P("x"))
+    placed = jax.device_put(host, rows)
+    compiled = fastpjit.jit(lambda x: x * 2).lower(host).compile()
+    add = jax.jit(lambda x, y: x + y, in_shardings=rows, out_shardings=rows)
+    hlo = fastpjit.compile_hlo(add.lower(host, host).as_text(dialect="hlo"))
+    calls = [
+        (compiled, (host,), host * 2),
+        (compiled, (jnp.asarray(host),), host * 2),
+        (compiled, (jax.device_put(host, jax.devices()[0]),), host * 2),  # committed
+        (hlo, (placed, placed), host + host),
+        (hlo, (host, host), host + host),
+        (hlo, (placed, host), host + host),
+    ]
+    wrong = [
+        (compiled, (host[:4],)),
+        (compiled, (jax.device_put(host, jax.devices()[3]),)),
+        (hlo, (host[:4], host)),
+        (hlo, (host, host.astype(np.int32))),
+    ]
+    errors = [raised(f, args) for f, args in wrong]
+    assert [type(e) for e in errors] == [TypeError, ValueError, TypeError, TypeError]
+    counts, backend = Counts(), backend_compiles()
     with fastpjit.no_recompiles():
-        np.testing.assert_array_equal(compiled(jnp.ones(4)), 2.0)
+        for f, args, expected in calls:
+            (out,) = jax.tree.leaves(f(*args))
+            np.testing.assert_array_equal(np.asarray(out), expected)
+        misses = counts["cache_misses"]
+        for (f, args), error in zip(wrong, errors, strict=True):
+            with pytest.raises(type(error)) as got:
+                f(*args)
+            assert str(got.value) == str(error)
+    assert misses == len(calls)  # each a new kind of argument
+    assert (counts["compiles"], backend_compiles() - backend) == (0, 0)
+    assert counts["recompiles_stopped"] == 0
 
 
 def test_it_is_per_thread_and_works_as_a_decorator():

@@ -3,6 +3,7 @@
 import typing
 
 import jax.numpy as jnp
+import pytest
 
 import fastpjit
 from fastpjit._stats import FunctionStats, HostPoolStats, Stats
@@ -74,6 +75,8 @@ def test_stats_have_the_shape_that_the_stub_declares():
     fastpjit.reset_stats()
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_stub_matches_the_native_module():
     # mypy.stubtest checks every name and signature of _core.pyi against the binary.
     import subprocess

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
+from oracle import assert_same_array, assert_same_outputs
 
 import fastpjit
 from fastpjit import _core
@@ -29,16 +30,6 @@ CASES = [
     (SingleDeviceSharding(DEVICES[3]), (2, 3)),
     (fastpjit.parse_hlo_sharding("{devices=[4,2]<=[2,4]T(1,0)}", DEVICES), (8, 2)),
 ]
-
-
-def assert_same_array(ours, theirs):
-    assert ours.aval == theirs.aval and ours.sharding == theirs.sharding
-    assert ours.committed == theirs.committed
-    assert [(s.device, s.index) for s in ours.addressable_shards] == [
-        (s.device, s.index) for s in theirs.addressable_shards
-    ]
-    for a, b in zip(ours.addressable_shards, theirs.addressable_shards, strict=True):
-        np.testing.assert_array_equal(np.asarray(a.data), np.asarray(b.data))
 
 
 @pytest.mark.parametrize(("sharding", "shape"), CASES)
@@ -73,9 +64,7 @@ def test_pytrees_and_scalars_match_jax():
     ]:
         ours = fastpjit.make_array_from_process_local_data(sharding, tree)
         theirs = jax.make_array_from_process_local_data(sharding, tree)
-        assert jax.tree.structure(ours) == jax.tree.structure(theirs)
-        for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs), strict=True):
-            assert_same_array(a, b)
+        assert_same_outputs(ours, theirs)
 
 
 def test_a_global_shape_other_than_the_local_one_is_a_value_error_on_one_process():

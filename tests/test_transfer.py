@@ -12,7 +12,6 @@ import enum
 import gc
 import math
 import re
-import threading
 import time
 import warnings
 from typing import Any
@@ -28,6 +27,8 @@ from jax._src import dtypes as jax_dtypes
 from jax.sharding import AxisType, Mesh, NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
 from lines import ON_0_10, by_line
+from oracle import assert_same_array, host_bytes
+from threads import run_in_threads
 
 import fastpjit
 from fastpjit import _core
@@ -219,25 +220,15 @@ def targets(draw, max_rank=3):
 # --- The oracle -------------------------------------------------------------------------------
 
 
-def host_bytes(v):
-    """Everything that identifies a host array's value, NaN payloads and -0.0 included."""
-    v = np.asarray(v)
-    return v.dtype, v.shape, np.ascontiguousarray(v).tobytes()
-
-
 def shard_values(a):
     return [(s.device, s.index, s.replica_id, host_bytes(s.data)) for s in a.addressable_shards]
 
 
-def assert_same_array(ours, ref):
-    """`ours` equals JAX's `ref` in every respect; returns fastpjit.device_get(ours)."""
-    assert type(ours) is type(ref)
-    assert ours.dtype == ref.dtype
-    assert ours.weak_type == ref.weak_type
-    assert ours.shape == ref.shape
-    assert ours.aval == ref.aval and str(ours.aval) == str(ref.aval)
-    assert ours.sharding == ref.sharding
-    assert ours.committed == ref.committed
+def assert_same_array_bitwise(ours, ref):
+    """`ours` is JAX's `ref` (oracle.assert_same_array), bit for bit in every shard and
+    replica; returns fastpjit.device_get(ours)."""
+    assert_same_array(ours, ref)
+    assert str(ours.aval) == str(ref.aval)
     assert shard_values(ours) == shard_values(ref)
     return assert_get_matches(ours, ref)
 
@@ -284,7 +275,7 @@ def test_device_put_matches_jax(case, dtype, layout, seed):
     target, shape = case
     x = lay_out(host_values(dtype, shape, seed), layout)
     ours, ref = put_both(x, target)
-    got = assert_same_array(ours, ref)
+    got = assert_same_array_bitwise(ours, ref)
     assert host_bytes(got) == host_bytes(canonical(x))
 
 
@@ -296,7 +287,7 @@ def test_every_dtype_and_layout_on_a_permuted_mesh(dtype, layout):
     for spec in (P("x", "y"), P(None, ("y", "x")), P("y")):
         x = lay_out(host_values(dtype, (8, 16), seed=7), layout)
         ours, ref = put_both(x, NamedSharding(mesh, spec))
-        assert host_bytes(assert_same_array(ours, ref)) == host_bytes(canonical(x))
+        assert host_bytes(assert_same_array_bitwise(ours, ref)) == host_bytes(canonical(x))
 
 
 HLO_TEXTS = (
@@ -319,7 +310,7 @@ def test_device_put_onto_parsed_hlo_shardings(text, devices):
     for shape, dtype in (((8, 12), np.float32), ((4, 0), np.int8), ((16, 4), ml_dtypes.int4)):
         x = lay_out(host_values(np.dtype(dtype), shape, seed=3), "reversed")
         ours, ref = put_both(x, sharding)
-        assert_same_array(ours, ref)
+        assert_same_array_bitwise(ours, ref)
 
 
 # --- Scalars and pytrees ----------------------------------------------------------------------
@@ -355,7 +346,7 @@ def rank0_targets(draw):
 @given(x=st.one_of(python_scalars, numpy_scalars()), target=rank0_targets())
 def test_scalars_match_jax(x, target):
     ours, ref = put_both(x, target)
-    assert_same_array(ours, ref)
+    assert_same_array_bitwise(ours, ref)
     assert ours.weak_type == (type(x) in (int, float, complex))
 
 
@@ -378,7 +369,7 @@ def test_python_scalars_are_weakly_typed_with_canonical_dtypes():
     }
     for x, (dtype, weak) in cases.items():
         ours, ref = put_both(x, DEVICES[2])
-        assert_same_array(ours, ref)
+        assert_same_array_bitwise(ours, ref)
         assert ours.dtype == dtype and ours.weak_type is weak
 
 
@@ -395,7 +386,7 @@ def test_enable_x64_toggled_between_puts():
             for x in values + [2**40] * x64:
                 target = s if np.ndim(x) else DEVICES[2]
                 ours, ref = put_both(x, target)
-                assert_same_array(ours, ref)
+                assert_same_array_bitwise(ours, ref)
 
 
 Point = collections.namedtuple("Point", "x y")
@@ -451,7 +442,7 @@ def test_pytrees_match_jax(tree, target):
     ours, ref = put_both(tree, target)
     assert jax.tree.structure(ours) == jax.tree.structure(ref)
     for o, r in zip(jax.tree.leaves(ours), jax.tree.leaves(ref), strict=True):
-        assert_same_array(o, r)
+        assert_same_array_bitwise(o, r)
     got = fastpjit.device_get(ours)
     expected = jax.device_get(ref)
     assert jax.tree.structure(got) == jax.tree.structure(expected)
@@ -469,7 +460,7 @@ def test_pytree_leaves_go_to_the_sharded_target():
     ours, ref = put_both(tree, s)
     assert jax.tree.structure(ours) == jax.tree.structure(ref)
     for o, r in zip(jax.tree.leaves(ours), jax.tree.leaves(ref), strict=True):
-        assert_same_array(o, r)
+        assert_same_array_bitwise(o, r)
 
 
 def test_float0_matches_jax():
@@ -481,6 +472,7 @@ def test_float0_matches_jax():
         assert ours.dtype == ref.dtype and ours.shape == ref.shape
 
 
+@pytest.mark.slow
 def test_string_arrays_match_jax():
     # Strings past 15 bytes live in the array's own storage, not in its items.
     words = ["a", "bc" * 20, "", "long string number " + "3" * 30]
@@ -526,7 +518,7 @@ def test_other_arrays_are_moved_by_jax_and_counted():
     for a, target in cases:
         fastpjit.reset_stats()
         ours, ref = fastpjit.device_put(a, target), jax.device_put(a, target)
-        assert_same_array(ours, ref)
+        assert_same_array_bitwise(ours, ref)
         assert ours is not a
         assert fastpjit.stats()["fallbacks"] == {"device_put.moved_array": 1}
 
@@ -557,7 +549,7 @@ def test_fallbacks_are_counted_with_their_reason():
             fastpjit.reset_stats()
             ours, ref = fastpjit.device_put(*args, **kwargs), jax.device_put(*args, **kwargs)
             for o, r in zip(jax.tree.leaves(ours), jax.tree.leaves(ref), strict=True):
-                assert_same_array(o, r)
+                assert_same_array_bitwise(o, r)
             assert fastpjit.stats()["fallbacks"] == {reason: 1}
     fastpjit.reset_stats()
     fastpjit.device_put([x, 1.0, {"z": np.int8(3)}], NamedSharding(MESH_2x4, P()))
@@ -578,10 +570,10 @@ def test_device_put_under_a_trace_matches_jax():
     for make in (traced_leaf, host_leaf):
         ours = jax.jit(make(fastpjit.device_put))(x)
         ref = jax.jit(make(jax.device_put))(x)
-        assert_same_array(ours, ref)
+        assert_same_array_bitwise(ours, ref)
     grad_ours = jax.grad(lambda v: fastpjit.device_put(v, s).sum())(x)
     grad_ref = jax.grad(lambda v: jax.device_put(v, s).sum())(x)
-    assert_same_array(grad_ours, grad_ref)
+    assert_same_array_bitwise(grad_ours, grad_ref)
 
 
 # --- device_get -------------------------------------------------------------------------------
@@ -726,6 +718,7 @@ def assert_both_raise(exc_type, x, target, match=None):
     assert_no_new_arrays(before)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "leaf, type_name",
     [
@@ -749,6 +742,7 @@ def test_non_array_leaves_raise_type_error_naming_the_type(leaf, type_name):
 EXPLICIT_2x4 = jax.make_mesh((2, 4), ("x", "y"), axis_types=(AxisType.Explicit,) * 2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "target, x",
     [
@@ -816,6 +810,7 @@ def test_indivisible_shapes_raise_indivisible_error(shape, spec):
         fastpjit.device_put({"ok": np.zeros((8, 8)), "bad": np.zeros(shape)}, s)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "dtype",
     [">f4", ">i8", ">c8", "O", "U3", "S2", "V4", "M8[s]", "m8[s]", np.longdouble, np.clongdouble],
@@ -831,6 +826,7 @@ def test_unsupported_dtypes_raise_jax_type_error(dtype):
         assert str(ours.value) == str(ref.value)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("value", [2**31, -(2**31) - 1, 2**63, -(2**63) - 1, 2**64, 10**30])
 def test_python_int_overflow_raises_overflow_error(value):
     assert_both_raise(OverflowError, value, DEVICES[0], match=rf"{value}.*int32")
@@ -842,7 +838,7 @@ def test_python_int_overflow_raises_overflow_error(value):
 def test_python_ints_at_the_int32_bounds_fit():
     for value in (2**31 - 1, -(2**31)):
         ours, ref = put_both(value, DEVICES[0])
-        assert_same_array(ours, ref)
+        assert_same_array_bitwise(ours, ref)
 
 
 def test_masked_arrays_raise_value_error():
@@ -856,7 +852,7 @@ def test_overflowing_casts_warn_as_jax_does():
             ref = jax.device_put(x, DEVICES[1])
         with pytest.warns(RuntimeWarning, match="overflow"):
             ours = fastpjit.device_put(x, DEVICES[1])
-        assert_same_array(ours, ref)
+        assert_same_array_bitwise(ours, ref)
 
 
 def _deleted(kind, sharding):
@@ -869,6 +865,7 @@ def _deleted(kind, sharding):
     return a
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["deleted", "donated"])
 @pytest.mark.parametrize("where", ["sharded", "single device", "replicated"])
 def test_deleted_and_donated_arrays_raise_runtime_error(kind, where):
@@ -932,6 +929,7 @@ def test_a_device_target_reuses_its_plan():
     assert _core.transfer_cache_sizes()[0] == put_plans
 
 
+@pytest.mark.slow
 def test_threads_put_and_get_at_once():
     # device_get copies with the GIL released; each thread must get back its own values.
     shardings = [
@@ -939,24 +937,14 @@ def test_threads_put_and_get_at_once():
         NamedSharding(MESH_2x4, P(None, "x")),
         SingleDeviceSharding(DEVICES[3]),
     ]
-    errors = []
 
     def work(seed):
-        try:
-            for i in range(40):
-                x = host_values(np.dtype(np.float32), (64, 2048), seed * 1000 + i)
-                a = fastpjit.device_put(x, shardings[(seed + i) % len(shardings)])
-                if host_bytes(fastpjit.device_get(a)) != host_bytes(x):
-                    errors.append((seed, i))
-        except Exception as e:  # reported by the main thread
-            errors.append(e)
+        for i in range(40):
+            x = host_values(np.dtype(np.float32), (64, 2048), seed * 1000 + i)
+            a = fastpjit.device_put(x, shardings[(seed + i) % len(shardings)])
+            assert host_bytes(fastpjit.device_get(a)) == host_bytes(x), (seed, i)
 
-    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    run_in_threads(work)
 
 
 def _rss_bytes():
@@ -964,6 +952,7 @@ def _rss_bytes():
         return int(f.read().split()[1]) * 4096
 
 
+@pytest.mark.slow
 def test_no_memory_growth_over_many_puts_and_gets():
     shardings = [
         NamedSharding(MESH_2x4, P("x")),
@@ -1029,7 +1018,7 @@ def test_small_puts_that_jaxlib_copies_match_jax(target, layout):
     # fails to copy so.
     x = lay_out(host_values(np.dtype(np.float32), (8, 16), seed=3), layout)
     ours, ref = put_both(x, target)
-    assert_same_array(ours, ref)
+    assert_same_array_bitwise(ours, ref)
     assert_get_matches(ours, ref)
 
 
@@ -1041,7 +1030,7 @@ def test_large_puts_onto_shared_tiles_match_jax(spec, offset):
     sharding = NamedSharding(Mesh(np.array(jax.devices()).reshape(2, 4), ("x", "y")), spec)
     x = _at_offset((512, 1024), np.float32, offset)
     ours, ref = fastpjit.device_put(x, sharding), jax.device_put(x, sharding)
-    assert_same_array(ours, ref)
+    assert_same_array_bitwise(ours, ref)
     assert_get_matches(ours, x)
 
 
@@ -1054,7 +1043,7 @@ def test_large_puts_of_large_tiles_match_jax(spec, offset):
     sharding = NamedSharding(Mesh(np.array(jax.devices()[:2]), ("x",)), spec)
     x = _at_offset((4096, 2048), np.float32, offset)
     ours, ref = fastpjit.device_put(x, sharding), jax.device_put(x, sharding)
-    assert_same_array(ours, ref)
+    assert_same_array_bitwise(ours, ref)
     assert_get_matches(ours, x)
     x[...] = 0  # the device copies are the device's own
     np.testing.assert_array_equal(np.asarray(ours), np.asarray(ref))
@@ -1122,6 +1111,7 @@ def test_idle_host_memory_stays_within_its_limit(host_pool_limit):
     assert (pool["idle_blocks"], pool["idle_bytes"], pool["limit"]) == (0, 0, 0)
 
 
+@pytest.mark.slow
 def test_no_memory_growth_over_many_large_puts_and_gets(host_pool_limit):
     host_pool_limit(64 << 20)
     shardings = [

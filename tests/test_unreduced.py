@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from jax.sharding import AxisType, NamedSharding, reshard
 from jax.sharding import PartitionSpec as P
+from oracle import assert_same_array
 
 import fastpjit
 
@@ -57,15 +58,6 @@ def einsum_to(out_spec):
         return jnp.einsum("xy,yz->xz", x, y, out_sharding=out_spec)
 
     return f
-
-
-def assert_same_array(ours, theirs):
-    assert ours.sharding == theirs.sharding
-    assert (ours.shape, ours.dtype) == (theirs.shape, theirs.dtype)
-    ours_shards, theirs_shards = ours.addressable_shards, theirs.addressable_shards
-    assert [s.device for s in ours_shards] == [s.device for s in theirs_shards]
-    for a, b in zip(ours_shards, theirs_shards, strict=True):
-        np.testing.assert_array_equal(a.data, b.data)
 
 
 class CompiledByFastpjit:

@@ -345,6 +345,8 @@ def recorded(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 @pytest.mark.timeout(300)
 def test_a_replayed_record_makes_every_first_call_a_hit(recorded):
     replayed = run_script("replay", recorded)
@@ -354,6 +356,8 @@ def test_a_replayed_record_makes_every_first_call_a_hit(recorded):
     assert replayed["counts"]["compiled"] >= 9
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 @pytest.mark.timeout(300)
 def test_a_replay_loads_what_jaxs_persistent_cache_holds(recorded, tmp_path):
     env = {
@@ -376,6 +380,7 @@ def edited(recorded, tmp_path, edit):
     return path
 
 
+@pytest.mark.subprocess
 def test_signatures_on_devices_this_process_lacks_are_skipped(recorded, tmp_path):
     def on_device_99(record):
         leaf = record["functions"]["aot"]["signatures"][0]["args"][0]["leaf"]
@@ -388,6 +393,7 @@ def test_signatures_on_devices_this_process_lacks_are_skipped(recorded, tmp_path
     assert "skipped" in str(report)
 
 
+@pytest.mark.subprocess
 def test_a_record_of_other_versions_is_skipped_whole(recorded, tmp_path):
     def older_jax(record):
         record["versions"]["jax"] = "0.4.1"
@@ -401,6 +407,7 @@ def test_a_record_of_other_versions_is_skipped_whole(recorded, tmp_path):
     assert f.cache_size() == 0
 
 
+@pytest.mark.subprocess
 def test_only_the_functions_passed_are_called(recorded):
     calls = []
     f = fastpjit.jit(
@@ -424,6 +431,7 @@ def test_statics_a_record_cannot_hold_are_counted_at_save(tmp_path):
     assert warm_start.load_record(tmp_path / "r.json") == record
 
 
+@pytest.mark.subprocess
 def test_misuse_raises_type_and_value_errors(tmp_path, recorded):
     with pytest.raises(TypeError, match="expected a fastpjit function"):
         fastpjit.save_signatures(tmp_path / "r.json", {"f": jax.jit(abs)})
@@ -622,6 +630,8 @@ print("finished", f.cache_size(), flush=True)
 """
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 @pytest.mark.timeout(120)
 def test_ctrl_c_stops_a_warm_up_on_several_threads_within_a_second(tmp_path):
     done = subprocess.run(

@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
-from test_jit import assert_same_outputs, fresh
+from oracle import assert_same_error, assert_same_outputs, fresh
 
 import fastpjit
 from fastpjit import _core
@@ -232,6 +232,7 @@ def test_cloudpickle_of_a_local_pmapped_function():
     assert_same_outputs(loaded(x), jax.pmap(fresh(add_one), axis_name="i")(x))
 
 
+@pytest.mark.subprocess
 def test_cloudpickle_of_a_jitted_lambda_loads_in_another_process():
     data = cloudpickle.dumps(fastpjit.jit(lambda x, n: x * n, static_argnums=1))
     script = textwrap.dedent("""
@@ -247,6 +248,7 @@ def test_cloudpickle_of_a_jitted_lambda_loads_in_another_process():
     assert done.stdout.decode().split() == ["JitWrapped", "[0.0,", "4.0,", "8.0]"]
 
 
+@pytest.mark.subprocess
 def test_pickle_of_a_function_in_main_as_jax_does():
     # In __main__, JAX's jit pickles the function it wraps by value under cloudpickle (plain
     # pickle cannot find it), JAX's pmap by name.
@@ -371,11 +373,10 @@ def test_a_bound_method_as_a_static_argument_traces_once():
     ],
 )
 def test_a_value_that_is_not_callable_fails_like_jax(call):
-    with pytest.raises(TypeError) as expected:
-        call(jax.jit, jax.pmap)
-    with pytest.raises(TypeError) as got:
-        call(fastpjit.jit, fastpjit.pmap)
-    assert str(got.value) == str(expected.value)
+    error = assert_same_error(
+        lambda: call(fastpjit.jit, fastpjit.pmap), lambda: call(jax.jit, jax.pmap)
+    )
+    assert type(error) is TypeError
 
 
 def test_pjit_of_none_fails_like_jax_s_jit():
@@ -410,6 +411,7 @@ def test_pmap_reads_static_argument_numbers_as_jax_does(argnums):
 # --- jax.clear_caches() ---------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_jax_clear_caches_frees_fastpjit_s_executables_like_jax_s():
     jax.clear_caches()
     x = jax.device_put(np.arange(8, dtype=np.float32))
@@ -532,6 +534,7 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("kind", ["jit", "pmap"])
 def test_rss_stays_flat_over_20000_calls_with_fresh_arrays(kind):
@@ -563,6 +566,7 @@ def test_rss_stays_flat_over_20000_calls_with_fresh_arrays(kind):
     assert growth < 16 * 2**20, f"RSS grew {growth / 2**20:.1f} MiB over 20,000 calls"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["jit", "pjit"])
 def test_deleting_a_jitted_function_frees_its_function_and_executables_like_jax(kind):
     wrap = {"jit": fastpjit.jit, "pjit": fastpjit.pjit}[kind]
@@ -581,6 +585,7 @@ def test_deleting_a_jitted_function_frees_its_function_and_executables_like_jax(
         assert live_executables() == baseline, jit
 
 
+@pytest.mark.slow
 def test_deleting_a_pmapped_function_frees_it_with_jax_clear_caches_like_jax():
     # jax.pmap's caches keep the function until jax.clear_caches(); fastpjit adds nothing.
     x = jnp.ones((8, 2))
@@ -605,7 +610,7 @@ class Holder:
         self.apply = wrap(lambda x: x * self.factor)
 
 
-@pytest.mark.parametrize("kind", ["jit", "pjit", "pmap"])
+@pytest.mark.parametrize("kind", ["jit", "pjit", pytest.param("pmap", marks=pytest.mark.slow)])
 def test_a_cycle_through_a_jitted_function_is_collected_like_jax_s(kind):
     ours = {"jit": fastpjit.jit, "pjit": fastpjit.pjit, "pmap": fastpjit.pmap}[kind]
     theirs = jax.pmap if kind == "pmap" else jax.jit
@@ -628,6 +633,7 @@ def test_a_cycle_through_a_jitted_function_is_collected_like_jax_s(kind):
         assert expected == (True, True)  # jax.pmap's caches keep it until clear_caches
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["static_self", "static_method_self", "treedef"])
 def test_cycles_that_jax_s_caches_hold_go_with_jax_clear_caches(case):
     """A jitted function passed to itself as a static argument, a method static on its object,

@@ -18,6 +18,9 @@ import engines
 import pytest
 from test_multiprocess import CHECKS, one_process_results
 
+# Jobs of JAX processes under SLURM and Open MPI: seconds each.
+pytestmark = [pytest.mark.slow, pytest.mark.subprocess, pytest.mark.multiprocess]
+
 TESTS = Path(__file__).parent.parent
 # How each engine labels what a process prints: srun's `--label` at the start of each line,
 # mpirun's `--tag-output` at the start of each piece it relays (a line's end may come apart).
