@@ -130,30 +130,37 @@ def run_once(call: Call) -> Any:
     return call.fn()
 
 
-def _mean_ns(call: Call, number: int, per_call: bool) -> float:
-    """The mean ns per call over `number` calls.
+def _mean_ns(call: Call, number: int, per_call: bool) -> tuple[float, float]:
+    """The mean ns per call over `number` calls: wall time, and the process's CPU time (every
+    thread's, XLA's execution included).
 
     Per call: each call is timed alone, after its setup, and its result is freed untimed.
     Otherwise the calls run back to back in one timed loop, as `timeit` runs them.
     """
     fn, setup = call.fn, call.setup
+    wall, cpu = time.perf_counter_ns, time.process_time_ns
     if not per_call:
-        start = time.perf_counter_ns()
+        cpu_start = cpu()
+        start = wall()
         for _ in itertools.repeat(None, number):
             fn()
-        return (time.perf_counter_ns() - start) / number
-    total = 0
+        end = wall()
+        return (end - start) / number, (cpu() - cpu_start) / number
+    total = cpu_total = 0
     for _ in itertools.repeat(None, number):
         if setup is not None:
             setup()
-        start = time.perf_counter_ns()
+        cpu_start = cpu()
+        start = wall()
         result = fn()
-        total += time.perf_counter_ns() - start
+        end = wall()
+        cpu_total += cpu() - cpu_start
+        total += end - start
         del result
-    return total / number
+    return total / number, cpu_total / number
 
 
-def _stats(per_round_us: list[float]) -> dict[str, Any]:
+def _stats(per_round_us: list[float], per_round_cpu_us: list[float]) -> dict[str, Any]:
     quartiles = statistics.quantiles(per_round_us, n=4) if len(per_round_us) > 1 else None
     median = statistics.median(per_round_us)
     p25 = quartiles[0] if quartiles else per_round_us[0]
@@ -166,6 +173,9 @@ def _stats(per_round_us: list[float]) -> dict[str, Any]:
         # The rounds' interquartile range, as a share of their median.
         "spread": (p75 - p25) / median if median > 0 else 0.0,
         "per_round": per_round_us,
+        # The process's CPU time per call, every thread's (median of rounds): a call that
+        # returns before its execution ends shows its cost here, not in its wall time.
+        "cpu": statistics.median(per_round_cpu_us),
     }
 
 
@@ -216,7 +226,8 @@ def measure(name: str, sides: Sides, settings: Settings) -> dict[str, Any]:
 
     Each round times every side once, in an order that rotates from round to round; a side's
     figure is the median over rounds of its per-round mean, net of the cost of timing an empty
-    call the same way. The garbage collector is off while timing, as in `timeit`.
+    call the same way. The garbage collector is off while timing, as in `timeit`. Each side's
+    process CPU time per call is measured in the same rounds (`cpu` in its stats).
     """
     check_sides(name, sides)
     calls = {
@@ -228,16 +239,19 @@ def measure(name: str, sides: Sides, settings: Settings) -> dict[str, Any]:
     gc.disable()
     try:
         numbers = {side: _calibrate(call, per_call, settings) for side, call in calls.items()}
-        empty_ns = min(_mean_ns(empty, 10_000, per_call) for _ in range(5))
+        empties = [_mean_ns(empty, 10_000, per_call) for _ in range(5)]
+        empty_ns, empty_cpu_ns = min(ns for ns, _ in empties), min(ns for _, ns in empties)
         empty_single_ns = min(_single_ns(empty, 1000)) if settings.singles else 0
         samples: dict[str, list[float]] = {side: [] for side in calls}
+        cpu_samples: dict[str, list[float]] = {side: [] for side in calls}
         singles: dict[str, list[float]] = {side: [] for side in calls}
         order = list(calls)
         for round_index in range(settings.rounds):
             shift = round_index % len(order)
             for side in order[shift:] + order[:shift]:
-                ns = _mean_ns(calls[side], numbers[side], per_call)
+                ns, cpu_ns = _mean_ns(calls[side], numbers[side], per_call)
                 samples[side].append(max(ns - empty_ns, 0.0) / 1e3 / sides.calls)
+                cpu_samples[side].append(max(cpu_ns - empty_cpu_ns, 0.0) / 1e3 / sides.calls)
                 # No more single calls than the round's loop makes: slow calls stay quick.
                 count = min(settings.singles, numbers[side])
                 singles[side] += [
@@ -247,7 +261,9 @@ def measure(name: str, sides: Sides, settings: Settings) -> dict[str, Any]:
     finally:
         gc.enable()
     stats = {
-        side: _stats(us) | {"number": numbers[side]} | _percentiles(singles[side])
+        side: _stats(us, cpu_samples[side])
+        | {"number": numbers[side]}
+        | _percentiles(singles[side])
         for side, us in samples.items()
     }
     return _row(name, sides, stats, per_call, empty_ns / 1e3)
@@ -277,10 +293,10 @@ def _percentiles(us: list[float]) -> dict[str, float]:
 
 def _calibrate(call: Call, per_call: bool, settings: Settings) -> int:
     """How many calls make one round of about `settings.round_s` seconds."""
-    estimate_ns = min(_mean_ns(call, 1, per_call) for _ in range(5))
+    estimate_ns = min(_mean_ns(call, 1, per_call)[0] for _ in range(5))
     number = int(settings.round_s * 1e9 / max(estimate_ns, 1.0))
     if number >= 10:
-        estimate_ns = min(_mean_ns(call, 10, per_call) for _ in range(2))
+        estimate_ns = min(_mean_ns(call, 10, per_call)[0] for _ in range(2))
         number = int(settings.round_s * 1e9 / max(estimate_ns, 1.0))
     return max(1, min(number, settings.max_number))
 
