@@ -484,37 +484,92 @@ def _pyplot() -> types.ModuleType:
     return plt
 
 
-def bar_plot(rows: Sequence[dict[str, Any]], path: str | Path, title: str) -> None:
-    """µs per call of each row's sides as horizontal bars (log scale), each with the
-    interquartile range of its rounds, into `path` (PNG)."""
-    plt = _pyplot()
-    sides = [side for side in SIDES if any(side in row["stats"] for row in rows)]
-    height = 0.8 / len(sides)
-    fig, ax = plt.subplots(figsize=(9, 1.2 + 0.3 * len(rows) * len(sides)))
-    for k, side in enumerate(sides):
-        shown = [(i, row["stats"][side]) for i, row in enumerate(rows) if side in row["stats"]]
-        ax.barh(
-            [i + k * height for i, _ in shown],
-            [stat["median"] for _, stat in shown],
-            height=height,
-            label=LABELS[side],
-            xerr=[
-                [stat["median"] - stat["p25"] for _, stat in shown],
-                [stat["p75"] - stat["median"] for _, stat in shown],
-            ],
-        )
-    ax.set_yticks([i + height * (len(sides) - 1) / 2 for i in range(len(rows))])
-    ax.set_yticklabels(
-        [f"{row['name']}  ({fmt_ratio(row['speedup'])})" for row in rows], fontsize=8
+# The overhead figure: the ratios it spans (a row beyond is drawn at the edge, as an arrow),
+# the height of a row, and the resolution it is saved at.
+RATIO_LIMITS = (0.0, 2.0)
+ROW_INCHES = 0.24
+FIGURE_DPI = 110
+
+
+def round_ratios(row: dict[str, Any]) -> list[float]:
+    """The overhead ratio of each round where JAX was above the floor: the sides are timed
+    in the same rounds, so a round's ratio compares times measured together."""
+    stats = row["stats"]
+    if "floor" not in stats:
+        return []
+    rounds = zip(
+        stats["ours"]["per_round"],
+        stats["jax"]["per_round"],
+        stats["floor"]["per_round"],
+        strict=True,
     )
-    ax.invert_yaxis()
-    ax.set_xscale("log")
-    ax.set_xlabel("µs per call (median of rounds; bars: their interquartile range)")
+    return [(ours - floor) / (theirs - floor) for ours, theirs, floor in rounds if theirs > floor]
+
+
+def _above_floor(row: dict[str, Any]) -> str:
+    """What a row's overhead ratio is made of: each side's µs above the floor, and the floor."""
+    floor = row["floor_us"]
+    if floor is None:
+        return f"no floor; fastpjit {fmt_us(row['ours_us'])}, JAX {fmt_us(row['jax_us'])} µs"
+
+    def above(us: float) -> str:
+        return ("+" if us >= floor else "−") + fmt_us(abs(us - floor))
+
+    return f"fastpjit {above(row['ours_us'])}, JAX {above(row['jax_us'])} µs; floor {fmt_us(floor)}"
+
+
+def overhead_figure(rows: Sequence[dict[str, Any]], title: str) -> Any:
+    """A matplotlib figure of each row's overhead ratio, (fastpjit − floor) / (JAX − floor):
+    one line per row, a dot at the median of the rounds' ratios (each round times the sides
+    together, so its ratio does not mix a busy moment of one side with a quiet one of another),
+    a bar over their interquartile range, and a line at 1 (as JAX); on the right, each side's
+    µs above the floor. Rows with no floor, or JAX at the floor, have no dot."""
+    plt = _pyplot()
+    low, high = RATIO_LIMITS
+    fig, ax = plt.subplots(figsize=(12, 1.9 + ROW_INCHES * len(rows)), dpi=FIGURE_DPI)
+    colours = {True: "tab:blue", False: "tab:red"}
+    for i, row in enumerate(rows):
+        if row["overhead_ratio"] is None:
+            why = "no floor to compare with" if row["floor_us"] is None else "JAX at the floor"
+            ax.text(low + 0.02, i, why, va="center", fontsize=7, color="0.4", style="italic")
+            continue
+        rounds = round_ratios(row)
+        ratio = statistics.median(rounds) if rounds else row["overhead_ratio"]
+        if len(rounds) > 1:
+            q1, _, q3 = statistics.quantiles(rounds, n=4)
+            ax.plot([max(q1, low), min(q3, high)], [i, i], color="0.6", linewidth=2.5)
+        shown = min(max(ratio, low), high)
+        marker = "o" if shown == ratio else ("<" if ratio < low else ">")
+        ax.plot(shown, i, marker, color=colours[ratio <= 1], markersize=6)
+    ax.axvline(1, color="0.2", linewidth=1)
+    ax.axvline(0, color="0.2", linewidth=0.6, linestyle=":")
+    ax.set_xlim(low - 0.05, high + 0.05)
+    ax.set_xticks([0, 0.5, 1, 1.5, 2], ["0: the floor", "0.5", "1: as JAX", "1.5", "≥ 2"])
+    ax.set_ylim(len(rows) - 0.5, -0.5)
+    ax.set_yticks(range(len(rows)), [row["name"] for row in rows], fontsize=8)
+    right = ax.twinx()
+    right.set_ylim(ax.get_ylim())
+    right.set_yticks(range(len(rows)), [_above_floor(row) for row in rows], fontsize=8)
+    ax.set_xlabel(
+        "overhead ratio = (fastpjit − floor) / (JAX − floor): the share of JAX's time above "
+        "the floor that fastpjit spends (left of 1: less than JAX)\ndot: the median of the "
+        "rounds' ratios (each round times the three sides together), blue below 1, red above, "
+        "an arrow beyond the axis; grey bar: their interquartile range\nright: each side's "
+        "median µs per call above the floor, and the floor's",
+        fontsize=8,
+    )
+    ax.grid(True, axis="y", alpha=0.25)
+    ax.grid(True, axis="x", alpha=0.4)
     ax.set_title(title, fontsize=10)
-    ax.grid(True, axis="x", which="both", alpha=0.3)
-    ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    return fig
+
+
+def overhead_plot(rows: Sequence[dict[str, Any]], path: str | Path, title: str) -> None:
+    """`overhead_figure` into `path` (PNG)."""
+    plt = _pyplot()
+    fig = overhead_figure(rows, title)
+    fig.savefig(path, dpi=FIGURE_DPI)
     plt.close(fig)
 
 
