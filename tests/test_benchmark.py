@@ -147,7 +147,7 @@ def _png_size(path):
 
 
 def test_the_figure_is_one_line_per_row_on_one_screen(tmp_path):
-    pytest.importorskip("matplotlib")
+    pytest.importorskip("matplotlib").use("Agg")
     import matplotlib.pyplot as plt
 
     from fastpjit.bench import harness
