@@ -9,10 +9,24 @@ side passes the same numpy tree on every call. Rows named "1 used" call a step t
 of the parameters (JAX prunes the others from the executable). The thread rows time a burst of
 calls of `g(x)` spread over N threads (1000 calls each, each result waited for), per call:
 their calls/s is 10⁶ / µs. Every row first checks that the bound call's results equal JAX's.
+
+Rows named "donated steps" are a decode loop's throughput: 1000 calls of `token, cache =
+step(params, token, cache)` issued without waiting, the cache donated, each call's outputs the
+next call's inputs, timed per call; "streamed" rows wait only for the last call's outputs,
+"k in flight" rows wait for call i−k's token before issuing call i. Bound rows call
+`g(token, cache)`, `g = fastpjit.jit(step, donate_argnums=2).bind(params)`; plain rows
+`fastpjit.jit(step, donate_argnums=2)(params, token, cache)`; the floor threads the raw
+executable's flat outputs into its next call. On 8 devices the batch (token and cache) is split
+over the devices and the weights replicated: the step has no collectives (checked), so calls
+stream there too. Their calls/s and process CPU time per call (every thread's, execution
+included) are in the notes. Each side decodes from the same start, and the three sides'
+outputs after as many steps (the cache counts them) are checked equal.
 """
 
 from __future__ import annotations
 
+import itertools
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -24,11 +38,13 @@ from jax.sharding import PartitionSpec as P
 
 import fastpjit
 from fastpjit.bench.calls import burst
-from fastpjit.bench.floors import fresh, jit_floor
-from fastpjit.bench.harness import Case, Sides, same_result
+from fastpjit.bench.floors import Floor, fresh, has_collectives, jit_floor
+from fastpjit.bench.harness import Case, CheckFailed, Sides, fmt_us, same_result
 
 COLUMNS = ("leaves", "devices")
 THREAD_CALLS = 1000
+STREAM_CALLS = 1000
+IN_FLIGHT = 4
 
 
 def serve_step(params, x):
@@ -97,6 +113,117 @@ def _threads(n: int, leaves: int = 10) -> Sides:
     )
 
 
+def decode_step(params, token, cache):
+    # A small decode step: the next token from the last one and the cache, which it updates.
+    h = jnp.tanh(token @ params["w"] + params["b"] + cache["kv"] * 0.5)
+    return h, {"kv": cache["kv"] * 0.5 + h, "pos": cache["pos"] + 1}
+
+
+def _decode_setup(devices: int) -> tuple[Any, Any, Callable[[], Any]]:
+    """Weights (replicated), a first token and a maker of first caches (batch split over the
+    devices on several)."""
+    params = {"w": np.full((4, 4), 0.1, np.float32), "b": np.full((4,), 0.01, np.float32)}
+    token = np.ones((8, 4), np.float32)
+    cache = {"kv": np.zeros((8, 4), np.float32), "pos": np.int32(0)}
+    if devices == 1:
+        return jax.device_put(params), jax.device_put(token), lambda: jax.device_put(cache)
+    mesh = jax.make_mesh((devices,), ("x",))
+    replicated, split = NamedSharding(mesh, P()), NamedSharding(mesh, P("x"))
+    on = {"kv": split, "pos": replicated}
+    return (
+        jax.device_put(params, replicated),
+        jax.device_put(token, split),
+        lambda: jax.device_put(cache, on),
+    )
+
+
+def _stream(
+    step: Callable[[Any], Any],
+    first: Any,
+    in_flight: int | None,
+    finish: Callable[[Any], Any] = lambda carry: carry,
+) -> Callable[[], Any]:
+    """`STREAM_CALLS` calls of `carry = step(carry)` from where the last stream ended, issued
+    without waiting (or waiting for the token, `carry[0]`, of the call `in_flight` back), then
+    the last outputs waited for; returns `finish` of them."""
+    carried = [first]
+
+    def streamed() -> Any:
+        carry = carried[0]
+        for _ in itertools.repeat(None, STREAM_CALLS):
+            carry = step(carry)
+        carried[0] = carry
+        return finish(jax.block_until_ready(carry))
+
+    def bounded() -> Any:
+        carry = carried[0]
+        pending: deque[Any] = deque()
+        for _ in itertools.repeat(None, STREAM_CALLS):
+            if len(pending) == in_flight:
+                pending.popleft().block_until_ready()
+            carry = step(carry)
+            pending.append(carry[0])
+        carried[0] = carry
+        return finish(jax.block_until_ready(carry))
+
+    return streamed if in_flight is None else bounded
+
+
+def _floor_stream(floor: Floor, token: Any, cache: Any, in_flight: int | None) -> Any:
+    """The floor's stream: the executable run raw, its flat outputs (token, then the cache's
+    leaves) the next call's inputs after the weights, the output tree built on every call."""
+    fast_path = floor.fast_path
+    if fast_path.const_args or not all(fast_path.kept):
+        raise CheckFailed("the decode step's executable must take every argument, as it is")
+    execute, handlers = fast_path.executable.execute_sharded, fast_path.out_handlers
+    unflatten = fast_path.out_treedef.unflatten
+    weights = floor.inputs[: len(floor.inputs) - 1 - len(jax.tree.leaves(cache))]
+
+    def step(outs: list[Any]) -> list[Any]:
+        outs = execute([*weights, *outs]).consume_with_handlers(handlers)
+        unflatten(outs)
+        return outs
+
+    return _stream(step, [token, *jax.tree.leaves(cache)], in_flight, unflatten)
+
+
+def _donated_steps(devices: int, in_flight: int | None, plain: bool = False) -> Sides:
+    params, token, new_cache = _decode_setup(devices)
+    step = fastpjit.jit(decode_step, donate_argnums=2)
+    theirs = jax.jit(fresh(decode_step), donate_argnums=2)
+    floor = jit_floor(
+        jax.jit(fresh(decode_step), donate_argnums=2), (params, token, new_cache()), {}
+    )
+    if devices > 1 and has_collectives(floor.fast_path):
+        raise CheckFailed("the 8-device decode step must have no collectives to stream")
+    g = step.bind(params)
+    ours_step: Callable[[Any], Any] = (lambda c: step(params, *c)) if plain else (lambda c: g(*c))
+    ours = _stream(ours_step, (token, new_cache()), in_flight)
+    jax_side = _stream(lambda c: theirs(params, *c), (token, new_cache()), in_flight)
+    floor_side = _floor_stream(floor, token, new_cache(), in_flight)
+    # Two streams each (the first compiles), the second of ours all hits; then the three
+    # sides, 2 × STREAM_CALLS steps from the same start, must agree.
+    for side in (ours, jax_side, floor_side):
+        side()
+    before = fastpjit.stats()
+    ours_out = ours()
+    after = fastpjit.stats()
+    hits = after["cache_hits"] - before["cache_hits"]
+    misses = after["cache_misses"] - before["cache_misses"]
+    if hits != STREAM_CALLS or misses or after["fallbacks"] != before["fallbacks"]:
+        raise CheckFailed(
+            f"the stream's calls were not all hits: {hits} hits, {misses} misses, fallbacks "
+            f"{before['fallbacks']} → {after['fallbacks']}"
+        )
+    jax_out = jax_side()
+    try:
+        same_result(floor_side(), jax_out)
+    except AssertionError as err:
+        raise CheckFailed(f"the floor and JAX disagree: {err}") from err
+    same_result(ours_out, jax_out)
+    return Sides(ours=ours, jax=jax_side, floor=floor_side, check=same_result, calls=STREAM_CALLS)
+
+
 def _case(name: str, build: Callable[[], Sides], leaves: int, devices: int) -> Case:
     return Case(name=name, build=build, devices=8, meta={"leaves": leaves, "devices": devices})
 
@@ -141,6 +268,20 @@ def _build_cases() -> list[Case]:
                     devices,
                 )
             )
+    for devices in (1, 8):
+        where = f"{devices} dev" + (", no collectives" if devices > 1 else "")
+        for in_flight in (None, IN_FLIGHT):
+            how = "streamed" if in_flight is None else f"{in_flight} in flight"
+            for plain in (False, True):
+                cases.append(
+                    _case(
+                        f"{'plain' if plain else 'bound'}, {STREAM_CALLS} donated steps, "
+                        f"{how}, {where}",
+                        lambda d=devices, k=in_flight, p=plain: _donated_steps(d, k, p),
+                        2,
+                        devices,
+                    )
+                )
     for n in (1, 2, 4, 8):
         cases.append(
             _case(
@@ -157,9 +298,9 @@ CASES = _build_cases()
 
 
 def notes(rows: list[dict[str, Any]], processes: Any) -> str:
-    """The issue's goals, measured."""
+    """The issue's goals, measured, and the donated steps' throughput."""
     by_name = {row["name"]: row for row in rows}
-    lines = ["**Goals** (issue 29):"]
+    lines = []
     for devices in (1, 8):
         row = by_name.get(f"bound, 1000 leaves, {devices} dev")
         if row:
@@ -197,4 +338,27 @@ def notes(rows: list[dict[str, Any]], processes: Any) -> str:
             f"- 8 threads: fastpjit {ours:,.0f} calls/s, JAX {theirs:,.0f} calls/s: "
             f"{'met' if ours >= theirs else '**not met**'}."
         )
-    return "\n".join(lines)
+    goals = ["**Goals** (issue 29):", *lines] if lines else []
+    throughput = _throughput([row for row in rows if "donated steps" in row["name"]])
+    return "\n\n".join("\n".join(part) for part in (goals, throughput) if part)
+
+
+def _throughput(rows: list[dict[str, Any]]) -> list[str]:
+    """The donated-step rows as calls/s and process CPU time per call, per side."""
+    if not rows:
+        return []
+    sides = ("ours", "jax", "floor")
+    lines = [
+        f"**Throughput** of the rows of {STREAM_CALLS} donated steps: calls/s (10⁶ / µs per "
+        "call) and the process's CPU time per call (µs, every thread's, the execution "
+        "included), median of rounds.",
+        "",
+        "| case | fastpjit calls/s | JAX calls/s | floor calls/s "
+        "| fastpjit CPU µs | JAX CPU µs | floor CPU µs |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        rates = [f"{1e6 / row[f'{side}_us']:,.0f}" for side in sides]
+        cpu = [fmt_us(row["stats"][side]["cpu"]) for side in sides]
+        lines.append(f"| {row['name']} | {' | '.join(rates)} | {' | '.join(cpu)} |")
+    return lines

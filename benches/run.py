@@ -315,6 +315,8 @@ def main() -> None:
         module = result["module"]
         table = harness.markdown_table(result["rows"], getattr(module, "COLUMNS", ()))
         print(f"\n{name}\n\n{table}")
+        if hasattr(module, "notes"):
+            print(f"\n{module.notes(result['rows'], result['processes']).strip()}")
         if args.case is not None or not result["complete"]:
             continue
         RESULTS.mkdir(exist_ok=True)

@@ -127,6 +127,68 @@ def test_plot_writes_a_png_and_without_matplotlib_says_what_to_install(tmp_path,
     assert "fastpjit" in str(result)
 
 
+def _figure_row(name, ours, theirs, floor, noise=(1.0, 0.98, 1.02, 0.99, 1.01)):
+    """A row as `harness.measure` makes it, each side's rounds spread around its median."""
+    sides = {"ours": ours, "jax": theirs} | ({} if floor is None else {"floor": floor})
+    return {
+        "name": name,
+        "ours_us": ours,
+        "jax_us": theirs,
+        "floor_us": floor,
+        "overhead_ratio": (ours - floor) / (theirs - floor)
+        if floor is not None and theirs > floor
+        else None,
+        "stats": {side: {"per_round": [us * k for k in noise]} for side, us in sides.items()},
+    }
+
+
+def _png_size(path):
+    header = path.read_bytes()[:24]
+    assert header.startswith(b"\x89PNG")
+    return int.from_bytes(header[16:20], "big"), int.from_bytes(header[20:24], "big")
+
+
+def test_the_figure_is_one_line_per_row_on_one_screen(tmp_path):
+    pytest.importorskip("matplotlib").use("Agg")
+    import matplotlib.pyplot as plt
+
+    from fastpjit.bench import harness
+
+    rows = [_figure_row(f"row {i}", 9.0 + 0.1 * i, 12.0, 9.0) for i in range(21)]
+    rows += [
+        _figure_row("far above JAX", 30.0, 11.0, 10.0),
+        _figure_row("no floor", 5.0, 6.0, None),
+        _figure_row("JAX at the floor", 5.0, 4.0, 4.5),
+    ]
+    fig = harness.overhead_figure(rows, "24 rows")
+    try:
+        ax, right = fig.axes
+        assert [t.get_text() for t in ax.get_yticklabels()] == [row["name"] for row in rows]
+        labels = [t.get_text() for t in right.get_yticklabels()]
+        assert labels[5] == "fastpjit +0.50, JAX +3 µs; floor 9"
+        assert labels[-2].startswith("no floor") and labels[-1].endswith("floor 4.5")
+        assert "overhead ratio = (fastpjit − floor) / (JAX − floor)" in ax.get_xlabel()
+        # A line at 1, where fastpjit spends as much as JAX above the floor.
+        assert any(list(line.get_xdata()) == [1, 1] for line in ax.get_lines())
+        # One dot per row that has a ratio, on the row's line, at its ratio (clipped to the
+        # axis, as an arrow, beyond it).
+        dots = {
+            int(line.get_ydata()[0]): (float(line.get_xdata()[0]), line.get_marker())
+            for line in ax.get_lines()
+            if len(line.get_xdata()) == 1
+        }
+        assert sorted(dots) == list(range(22))
+        assert dots[5] == (pytest.approx(0.5 / 3), "o")
+        assert dots[21] == (harness.RATIO_LIMITS[1], ">")
+    finally:
+        plt.close(fig)
+    harness.overhead_plot(rows, tmp_path / "bench.png", "24 rows")
+    width, height = _png_size(tmp_path / "bench.png")
+    assert height <= 1200 and width <= 1400, (width, height)
+    harness.overhead_plot(rows[:1], tmp_path / "one.png", "one row")
+    assert _png_size(tmp_path / "one.png")[1] <= 300
+
+
 @pytest.mark.slow
 @pytest.mark.subprocess
 @pytest.mark.timeout(240)

@@ -93,9 +93,10 @@ class Benchmark:
         }
 
     def plot(self, path: str | Path) -> None:
-        """Draws the three sides' µs per call, with their rounds' spread, into `path` (PNG).
-        Needs matplotlib (`pip install fastpjit[tools]`)."""
-        harness.bar_plot([self.row], path, f"fastpjit.benchmark: {self.name}")
+        """Draws the overhead ratio, with the spread of its rounds, and each side's µs above
+        the floor into `path` (PNG; see `harness.overhead_figure`). Needs matplotlib (`pip
+        install fastpjit[tools]`)."""
+        harness.overhead_plot([self.row], path, f"fastpjit.benchmark: {self.name}")
 
     def __str__(self) -> str:
         head = ("", "µs/call", "spread", "p50", "p90", "p99")

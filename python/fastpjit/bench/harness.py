@@ -130,30 +130,37 @@ def run_once(call: Call) -> Any:
     return call.fn()
 
 
-def _mean_ns(call: Call, number: int, per_call: bool) -> float:
-    """The mean ns per call over `number` calls.
+def _mean_ns(call: Call, number: int, per_call: bool) -> tuple[float, float]:
+    """The mean ns per call over `number` calls: wall time, and the process's CPU time (every
+    thread's, XLA's execution included).
 
     Per call: each call is timed alone, after its setup, and its result is freed untimed.
     Otherwise the calls run back to back in one timed loop, as `timeit` runs them.
     """
     fn, setup = call.fn, call.setup
+    wall, cpu = time.perf_counter_ns, time.process_time_ns
     if not per_call:
-        start = time.perf_counter_ns()
+        cpu_start = cpu()
+        start = wall()
         for _ in itertools.repeat(None, number):
             fn()
-        return (time.perf_counter_ns() - start) / number
-    total = 0
+        end = wall()
+        return (end - start) / number, (cpu() - cpu_start) / number
+    total = cpu_total = 0
     for _ in itertools.repeat(None, number):
         if setup is not None:
             setup()
-        start = time.perf_counter_ns()
+        cpu_start = cpu()
+        start = wall()
         result = fn()
-        total += time.perf_counter_ns() - start
+        end = wall()
+        cpu_total += cpu() - cpu_start
+        total += end - start
         del result
-    return total / number
+    return total / number, cpu_total / number
 
 
-def _stats(per_round_us: list[float]) -> dict[str, Any]:
+def _stats(per_round_us: list[float], per_round_cpu_us: list[float]) -> dict[str, Any]:
     quartiles = statistics.quantiles(per_round_us, n=4) if len(per_round_us) > 1 else None
     median = statistics.median(per_round_us)
     p25 = quartiles[0] if quartiles else per_round_us[0]
@@ -166,6 +173,9 @@ def _stats(per_round_us: list[float]) -> dict[str, Any]:
         # The rounds' interquartile range, as a share of their median.
         "spread": (p75 - p25) / median if median > 0 else 0.0,
         "per_round": per_round_us,
+        # The process's CPU time per call, every thread's (median of rounds): a call that
+        # returns before its execution ends shows its cost here, not in its wall time.
+        "cpu": statistics.median(per_round_cpu_us),
     }
 
 
@@ -216,7 +226,8 @@ def measure(name: str, sides: Sides, settings: Settings) -> dict[str, Any]:
 
     Each round times every side once, in an order that rotates from round to round; a side's
     figure is the median over rounds of its per-round mean, net of the cost of timing an empty
-    call the same way. The garbage collector is off while timing, as in `timeit`.
+    call the same way. The garbage collector is off while timing, as in `timeit`. Each side's
+    process CPU time per call is measured in the same rounds (`cpu` in its stats).
     """
     check_sides(name, sides)
     calls = {
@@ -228,16 +239,19 @@ def measure(name: str, sides: Sides, settings: Settings) -> dict[str, Any]:
     gc.disable()
     try:
         numbers = {side: _calibrate(call, per_call, settings) for side, call in calls.items()}
-        empty_ns = min(_mean_ns(empty, 10_000, per_call) for _ in range(5))
+        empties = [_mean_ns(empty, 10_000, per_call) for _ in range(5)]
+        empty_ns, empty_cpu_ns = min(ns for ns, _ in empties), min(ns for _, ns in empties)
         empty_single_ns = min(_single_ns(empty, 1000)) if settings.singles else 0
         samples: dict[str, list[float]] = {side: [] for side in calls}
+        cpu_samples: dict[str, list[float]] = {side: [] for side in calls}
         singles: dict[str, list[float]] = {side: [] for side in calls}
         order = list(calls)
         for round_index in range(settings.rounds):
             shift = round_index % len(order)
             for side in order[shift:] + order[:shift]:
-                ns = _mean_ns(calls[side], numbers[side], per_call)
+                ns, cpu_ns = _mean_ns(calls[side], numbers[side], per_call)
                 samples[side].append(max(ns - empty_ns, 0.0) / 1e3 / sides.calls)
+                cpu_samples[side].append(max(cpu_ns - empty_cpu_ns, 0.0) / 1e3 / sides.calls)
                 # No more single calls than the round's loop makes: slow calls stay quick.
                 count = min(settings.singles, numbers[side])
                 singles[side] += [
@@ -247,7 +261,9 @@ def measure(name: str, sides: Sides, settings: Settings) -> dict[str, Any]:
     finally:
         gc.enable()
     stats = {
-        side: _stats(us) | {"number": numbers[side]} | _percentiles(singles[side])
+        side: _stats(us, cpu_samples[side])
+        | {"number": numbers[side]}
+        | _percentiles(singles[side])
         for side, us in samples.items()
     }
     return _row(name, sides, stats, per_call, empty_ns / 1e3)
@@ -277,10 +293,10 @@ def _percentiles(us: list[float]) -> dict[str, float]:
 
 def _calibrate(call: Call, per_call: bool, settings: Settings) -> int:
     """How many calls make one round of about `settings.round_s` seconds."""
-    estimate_ns = min(_mean_ns(call, 1, per_call) for _ in range(5))
+    estimate_ns = min(_mean_ns(call, 1, per_call)[0] for _ in range(5))
     number = int(settings.round_s * 1e9 / max(estimate_ns, 1.0))
     if number >= 10:
-        estimate_ns = min(_mean_ns(call, 10, per_call) for _ in range(2))
+        estimate_ns = min(_mean_ns(call, 10, per_call)[0] for _ in range(2))
         number = int(settings.round_s * 1e9 / max(estimate_ns, 1.0))
     return max(1, min(number, settings.max_number))
 
@@ -468,37 +484,92 @@ def _pyplot() -> types.ModuleType:
     return plt
 
 
-def bar_plot(rows: Sequence[dict[str, Any]], path: str | Path, title: str) -> None:
-    """µs per call of each row's sides as horizontal bars (log scale), each with the
-    interquartile range of its rounds, into `path` (PNG)."""
-    plt = _pyplot()
-    sides = [side for side in SIDES if any(side in row["stats"] for row in rows)]
-    height = 0.8 / len(sides)
-    fig, ax = plt.subplots(figsize=(9, 1.2 + 0.3 * len(rows) * len(sides)))
-    for k, side in enumerate(sides):
-        shown = [(i, row["stats"][side]) for i, row in enumerate(rows) if side in row["stats"]]
-        ax.barh(
-            [i + k * height for i, _ in shown],
-            [stat["median"] for _, stat in shown],
-            height=height,
-            label=LABELS[side],
-            xerr=[
-                [stat["median"] - stat["p25"] for _, stat in shown],
-                [stat["p75"] - stat["median"] for _, stat in shown],
-            ],
-        )
-    ax.set_yticks([i + height * (len(sides) - 1) / 2 for i in range(len(rows))])
-    ax.set_yticklabels(
-        [f"{row['name']}  ({fmt_ratio(row['speedup'])})" for row in rows], fontsize=8
+# The overhead figure: the ratios it spans (a row beyond is drawn at the edge, as an arrow),
+# the height of a row, and the resolution it is saved at.
+RATIO_LIMITS = (0.0, 2.0)
+ROW_INCHES = 0.24
+FIGURE_DPI = 110
+
+
+def round_ratios(row: dict[str, Any]) -> list[float]:
+    """The overhead ratio of each round where JAX was above the floor: the sides are timed
+    in the same rounds, so a round's ratio compares times measured together."""
+    stats = row["stats"]
+    if "floor" not in stats:
+        return []
+    rounds = zip(
+        stats["ours"]["per_round"],
+        stats["jax"]["per_round"],
+        stats["floor"]["per_round"],
+        strict=True,
     )
-    ax.invert_yaxis()
-    ax.set_xscale("log")
-    ax.set_xlabel("µs per call (median of rounds; bars: their interquartile range)")
+    return [(ours - floor) / (theirs - floor) for ours, theirs, floor in rounds if theirs > floor]
+
+
+def _above_floor(row: dict[str, Any]) -> str:
+    """What a row's overhead ratio is made of: each side's µs above the floor, and the floor."""
+    floor = row["floor_us"]
+    if floor is None:
+        return f"no floor; fastpjit {fmt_us(row['ours_us'])}, JAX {fmt_us(row['jax_us'])} µs"
+
+    def above(us: float) -> str:
+        return ("+" if us >= floor else "−") + fmt_us(abs(us - floor))
+
+    return f"fastpjit {above(row['ours_us'])}, JAX {above(row['jax_us'])} µs; floor {fmt_us(floor)}"
+
+
+def overhead_figure(rows: Sequence[dict[str, Any]], title: str) -> Any:
+    """A matplotlib figure of each row's overhead ratio, (fastpjit − floor) / (JAX − floor):
+    one line per row, a dot at the median of the rounds' ratios (each round times the sides
+    together, so its ratio does not mix a busy moment of one side with a quiet one of another),
+    a bar over their interquartile range, and a line at 1 (as JAX); on the right, each side's
+    µs above the floor. Rows with no floor, or JAX at the floor, have no dot."""
+    plt = _pyplot()
+    low, high = RATIO_LIMITS
+    fig, ax = plt.subplots(figsize=(12, 1.9 + ROW_INCHES * len(rows)), dpi=FIGURE_DPI)
+    colours = {True: "tab:blue", False: "tab:red"}
+    for i, row in enumerate(rows):
+        if row["overhead_ratio"] is None:
+            why = "no floor to compare with" if row["floor_us"] is None else "JAX at the floor"
+            ax.text(low + 0.02, i, why, va="center", fontsize=7, color="0.4", style="italic")
+            continue
+        rounds = round_ratios(row)
+        ratio = statistics.median(rounds) if rounds else row["overhead_ratio"]
+        if len(rounds) > 1:
+            q1, _, q3 = statistics.quantiles(rounds, n=4)
+            ax.plot([max(q1, low), min(q3, high)], [i, i], color="0.6", linewidth=2.5)
+        shown = min(max(ratio, low), high)
+        marker = "o" if shown == ratio else ("<" if ratio < low else ">")
+        ax.plot(shown, i, marker, color=colours[ratio <= 1], markersize=6)
+    ax.axvline(1, color="0.2", linewidth=1)
+    ax.axvline(0, color="0.2", linewidth=0.6, linestyle=":")
+    ax.set_xlim(low - 0.05, high + 0.05)
+    ax.set_xticks([0, 0.5, 1, 1.5, 2], ["0: the floor", "0.5", "1: as JAX", "1.5", "≥ 2"])
+    ax.set_ylim(len(rows) - 0.5, -0.5)
+    ax.set_yticks(range(len(rows)), [row["name"] for row in rows], fontsize=8)
+    right = ax.twinx()
+    right.set_ylim(ax.get_ylim())
+    right.set_yticks(range(len(rows)), [_above_floor(row) for row in rows], fontsize=8)
+    ax.set_xlabel(
+        "overhead ratio = (fastpjit − floor) / (JAX − floor): the share of JAX's time above "
+        "the floor that fastpjit spends (left of 1: less than JAX)\ndot: the median of the "
+        "rounds' ratios (each round times the three sides together), blue below 1, red above, "
+        "an arrow beyond the axis; grey bar: their interquartile range\nright: each side's "
+        "median µs per call above the floor, and the floor's",
+        fontsize=8,
+    )
+    ax.grid(True, axis="y", alpha=0.25)
+    ax.grid(True, axis="x", alpha=0.4)
     ax.set_title(title, fontsize=10)
-    ax.grid(True, axis="x", which="both", alpha=0.3)
-    ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    return fig
+
+
+def overhead_plot(rows: Sequence[dict[str, Any]], path: str | Path, title: str) -> None:
+    """`overhead_figure` into `path` (PNG)."""
+    plt = _pyplot()
+    fig = overhead_figure(rows, title)
+    fig.savefig(path, dpi=FIGURE_DPI)
     plt.close(fig)
 
 
