@@ -15,7 +15,6 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 use pyo3::PyTraverseError;
 
-use super::context::LiveContext;
 use super::entry::{Entry, Took};
 use super::miss::CacheMiss;
 use super::shared::{lock, Cached, DispatchCache, Outcome};
@@ -99,20 +98,7 @@ impl JitFunction {
                 return Ok(Err(Early::Delegate(why)));
             }
         }
-        let context = if self.keyed_by_context {
-            let context = LiveContext::read(py, h)?;
-            if context.jit_disabled(h)? {
-                return Ok(Err(Early::Jax(Fallback::DISABLE_JIT)));
-            }
-            context
-        } else {
-            LiveContext::none(py)
-        };
-        let mut call = LiveCall::split(&self.statics, args, kwargs, context)?;
-        match self.flatten(py, h, &mut call, latest)? {
-            Ok(()) => Ok(Ok(call)),
-            Err(why) => Ok(Err(Early::Jax(why.fallback()))),
-        }
+        Ok(self.read(py, h, args, kwargs, latest)?.map_err(Early::Jax))
     }
 
     /// Whether jax.jit's function can take a call now; a call (not a probe) asks for it, and

@@ -113,6 +113,32 @@ impl DispatchCache {
         }
     }
 
+    /// Reads a call under its jit key: split into static and dynamic arguments, and flattened;
+    /// or why JAX runs it (`jax.disable_jit`, an argument that has no key).
+    pub(super) fn read<'a, 'py>(
+        &self,
+        py: Python<'py>,
+        h: &Handles,
+        args: &Bound<'py, PyTuple>,
+        kwargs: Option<&Bound<'py, PyDict>>,
+        latest: Option<&'a Arc<Cached>>,
+    ) -> PyResult<Result<LiveCall<'a, 'py>, Fallback>> {
+        let context = if self.keyed_by_context {
+            let context = LiveContext::read(py, h)?;
+            if context.jit_disabled(h)? {
+                return Ok(Err(Fallback::DISABLE_JIT));
+            }
+            context
+        } else {
+            LiveContext::none(py)
+        };
+        let mut call = LiveCall::split(&self.statics, args, kwargs, context)?;
+        Ok(match self.flatten(py, h, &mut call, latest)? {
+            Ok(()) => Ok(call),
+            Err(why) => Err(why.fallback()),
+        })
+    }
+
     /// Runs `f` on the latest call's arrays, taken out of their lock, which reading leaves
     /// (Python) must not hold; another thread's call meanwhile finds none.
     pub(super) fn with_seen<R>(&self, f: impl FnOnce(&mut SeenArrays) -> R) -> R {
@@ -126,7 +152,7 @@ impl DispatchCache {
     /// Flattens the call's dynamic arguments and reads their leaves (the arrays of the latest
     /// call as `seen` remembers them), against the latest entry's tree when the call has it;
     /// why not, where JAX must handle the call.
-    pub(super) fn flatten<'a, 'py>(
+    fn flatten<'a, 'py>(
         &self,
         py: Python<'py>,
         h: &Handles,
@@ -255,20 +281,10 @@ impl DispatchCache {
     ) -> PyResult<Option<Vec<Item>>> {
         let py = args.py();
         let h = handles(py)?;
-        let context = if self.keyed_by_context {
-            let context = LiveContext::read(py, h)?;
-            if context.jit_disabled(h)? {
-                return Ok(None);
-            }
-            context
-        } else {
-            LiveContext::none(py)
-        };
         let latest = self.cache.latest();
-        let mut call = LiveCall::split(&self.statics, args, kwargs, context)?;
-        if self.flatten(py, h, &mut call, latest.as_ref())?.is_err() {
+        let Ok(call) = self.read(py, h, args, kwargs, latest.as_ref())? else {
             return Ok(None);
-        }
+        };
         let Ok(hash) = call.hash()? else {
             return Ok(None);
         };
