@@ -170,6 +170,16 @@ impl Fallback {
     }
 }
 
+impl From<crate::delegation::Handover> for Fallback {
+    /// The fallback of a call handed to jax.jit's dispatch.
+    fn from(why: crate::delegation::Handover) -> Self {
+        match why {
+            crate::delegation::Handover::Placements => Self::DELEGATED,
+            crate::delegation::Handover::Unkeyable => Self::HANDED_OVER,
+        }
+    }
+}
+
 impl fmt::Display for Fallback {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

@@ -133,10 +133,7 @@ impl JitFunction {
             return Err(refusal(DispatchError::Cleared));
         };
         self.stats.count(Counter::JaxCall);
-        self.stats.count_fallback(match why {
-            Handover::Placements => Fallback::DELEGATED,
-            Handover::Unkeyable => Fallback::HANDED_OVER,
-        });
+        self.stats.count_fallback(why.into());
         // Never inside `no_recompiles`, whose calls are not delegated.
         jitted.bind(py).call(args, kwargs)
     }
@@ -440,12 +437,7 @@ impl JitFunction {
                 None,
                 Some("another call's miss of this signature runs".to_owned()),
             ),
-            Route::Delegate(Handover::Placements) => {
-                ("fallback", None, Some(Fallback::DELEGATED.code()))
-            }
-            Route::Delegate(Handover::Unkeyable) => {
-                ("fallback", None, Some(Fallback::HANDED_OVER.code()))
-            }
+            Route::Delegate(why) => ("fallback", None, Some(Fallback::from(*why).code())),
             Route::Jax(fallback) => ("fallback", None, Some(fallback.code())),
         };
         out.set_item("outcome", outcome)?;
