@@ -86,6 +86,8 @@ def test_a_failed_process_ends_the_job_within_seconds(engine, mode):
     # (mpirun aborts it; srun, with --kill-on-bad-exit, sends SIGTERM to process 0, which
     # JAX's preemption notifier would otherwise take).
     status, output, ended = run(engine, engines.python(TESTS / "multiprocess_failures.py", mode))
+    # mpirun tags each piece it relays: a line can come apart ("ValueError[1,1]<stderr>:: ...").
+    output = re.sub(r"\[\d+,\d+\]<std(?:out|err)>:", "", output)
     report = f"{engine[0]} exited {status}; output:\n{output[-6000:]}"
     failed_at = re.search(r"failing at ([\d.]+)", output)
     assert failed_at is not None, report
