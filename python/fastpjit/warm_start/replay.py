@@ -286,6 +286,7 @@ def warm_up(
                 if config["mesh"] is not None:
                     scope.enter_context(jax.set_mesh(rebuilder.mesh(config["mesh"])))
                 args, kwargs = rebuilder.call(signature)
+                _adopt_options(fn, signature.get("compiler_options", {}), args, kwargs)
                 compiles, loaded = thread_compile_events()
                 jax.block_until_ready(fn(*args, **kwargs))
                 compiles_after, loaded_after = thread_compile_events()
@@ -308,6 +309,24 @@ def warm_up(
         workers = 1  # every process replays its collectives in the record's order
     entries = _run(replay, tasks, workers)
     return WarmUpReport(tuple(entries), time.perf_counter() - start)
+
+
+def _adopt_options(
+    fn: Any, recorded: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
+    """Has `fn` compile the replayed call with the compile options recorded for its
+    signature, registering them where it has none for it; raises `Skipped` where it has
+    others, or takes none per signature."""
+    options = getattr(fn, "_signature_options", None)
+    if options is None:
+        if recorded:
+            raise Skipped(
+                f"recorded with the compiler options {recorded}, which {fn!r} cannot take"
+            )
+        return
+    conflict = options.adopt(recorded, args, kwargs)
+    if conflict is not None:
+        raise Skipped(conflict)
 
 
 def _unbound(fn: Any) -> Callable[..., Any]:
