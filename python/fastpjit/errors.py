@@ -30,12 +30,13 @@ class NoPlacementError(NotImplementedError, AssertionError):
     """
 
 
-class CompilerOptionsError(TypeError, AttributeError):
+class CompilerOptionsError(TypeError, ValueError, AttributeError):
     """Compile options that are not a dict of XLA option names to str, bool, int or float.
 
-    JAX raises an AttributeError for `compiler_options` that are not a dict, and a TypeError
-    for a value of another type, so this error is both. (An unknown option name is JAX's
-    `JaxRuntimeError`, as the backend raises it.)
+    JAX raises an AttributeError for `compiler_options` that are not a dict, a ValueError for
+    a value that cannot be hashed and a TypeError for a value of another type, so this error
+    is all three. (An unknown option name is JAX's `JaxRuntimeError`, as the backend raises
+    it.)
     """
 
 
