@@ -315,7 +315,7 @@ impl DispatchCache {
         self.generation.fetch_add(1, Ordering::Relaxed);
         let forgotten = self
             .cache
-            .forget_where(|signature| has_leaf_shapes(&signature.leaves, &shapes));
+            .forget_where(move |signature| has_leaf_shapes(&signature.leaves, &shapes));
         forgotten.len()
     }
 
