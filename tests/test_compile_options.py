@@ -58,21 +58,20 @@ def test_decode_and_prefill_compile_with_their_own_options(executables):
     decode, prefill = executables[(1, 8)], executables[(16, 8)]
     assert decode == jax_text(fun, DECODE_OPTIONS, W, DECODE)
     assert prefill == jax_text(fun, None, W, PREFILL)
-    # The option shows: without the simplifier, decode multiplies by 2 and by 3.
+    # The option shows in the optimized HLO (XLA's simplifier folds or reshapes less).
     assert decode != jax_text(fun, None, W, DECODE)
-    assert decode.count("multiply(") > prefill.count("multiply(")
 
 
 def test_a_signature_s_options_win_over_the_function_s(executables):
     function_wide = {"xla_disable_hlo_passes": "algsimp", "xla_embed_ir_in_executable": False}
     f, fun = new_step(compiler_options=function_wide)
-    f.with_compiler_options({"xla_disable_hlo_passes": ""}, W, PREFILL)
+    f.with_compiler_options({"xla_disable_hlo_passes": ""}, W, DECODE)
     f(W, DECODE), f(W, PREFILL)
     merged = {"xla_disable_hlo_passes": "", "xla_embed_ir_in_executable": False}
-    assert f._compiler_options((W, PREFILL), {}) == merged
-    assert executables[(16, 8)] == jax_text(fun, merged, W, PREFILL)
-    assert executables[(1, 8)] == jax_text(fun, function_wide, W, DECODE)
-    assert executables[(16, 8)] != jax_text(fun, function_wide, W, PREFILL)
+    assert f._compiler_options((W, DECODE), {}) == merged
+    assert executables[(1, 8)] == jax_text(fun, merged, W, DECODE)
+    assert executables[(1, 8)] != jax_text(fun, function_wide, W, DECODE)
+    assert executables[(16, 8)] == jax_text(fun, function_wide, W, PREFILL)
 
 
 def test_a_bucket_is_tree_shapes_dtypes_and_statics():
