@@ -24,25 +24,25 @@ __all__ = ["SignatureOptions", "checked_options"]
 _VALUE_TYPES = (str, bool, int, float)
 
 
-def checked_options(options: Any, where: str = "with_compiler_options") -> dict[str, Any]:
+def checked_options(options: Any) -> dict[str, Any]:
     """`options` as a dict of XLA option names to values, checked as the backend checks them
     (an unknown name is JAX's `JaxRuntimeError`, as jax.jit's `compiler_options` gives it);
     errors name the argument."""
     if not isinstance(options, Mapping):
         raise CompilerOptionsError(
-            f"{where}: compiler_options must be a dict of XLA option names to values, "
-            f"got {type(options).__qualname__}: {options!r}"
+            "with_compiler_options: compiler_options must be a dict of XLA option names to "
+            f"values, got {type(options).__qualname__}: {options!r}"
         )
     checked: dict[str, Any] = {}
     for name, value in options.items():
         if not isinstance(name, str):
             raise CompilerOptionsError(
-                f"{where}: compiler_options' names must be str, got {name!r}"
+                f"with_compiler_options: compiler_options' names must be str, got {name!r}"
             )
         if not isinstance(value, _VALUE_TYPES):
             raise CompilerOptionsError(
-                f"{where}: compiler_options[{name!r}] must be a str, bool, int or float, "
-                f"got {type(value).__qualname__}: {value!r}"
+                f"with_compiler_options: compiler_options[{name!r}] must be a str, bool, int or "
+                f"float, got {type(value).__qualname__}: {value!r}"
             )
         checked[name] = value
     if checked:
@@ -50,7 +50,9 @@ def checked_options(options: Any, where: str = "with_compiler_options") -> dict[
             # The backend knows which names it takes: a tiny compile asks it once.
             jax.jit(_identity, compiler_options=checked).lower(np.float32(0)).compile()
         except jax.errors.JaxRuntimeError as error:
-            raise jax.errors.JaxRuntimeError(f"{where}: compiler_options: {error}") from None
+            raise jax.errors.JaxRuntimeError(
+                f"with_compiler_options: compiler_options: {error}"
+            ) from None
     return checked
 
 
@@ -79,8 +81,8 @@ class SignatureOptions:
 
     def register(self, options: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Compiles the calls of the bucket of `args` and `kwargs` with `options`."""
-        checked = checked_options(options)
         bucket, shapes = self._bucket(args, kwargs)
+        checked = checked_options(options)
         with self._lock:
             if self._by_bucket.get(bucket) == checked:
                 return
