@@ -239,6 +239,25 @@ def test_a_record_s_options_are_checked(tmp_path, options, words):
     warm_start.load_record(path)
 
 
+def test_a_warm_up_registers_the_recorded_options_before_any_replay(tmp_path, executables):
+    # The int32 call has the decode call's shapes, and is replayed first: registering decode's
+    # options after its replay would forget its executable.
+    f, _ = new_step()
+    f.with_compiler_options(DECODE_OPTIONS, W, DECODE)
+    decode_int = DECODE.astype(np.int32)
+    f(W, decode_int), f(W, DECODE)
+    path = tmp_path / "record.json"
+    fastpjit.save_signatures(path, {"step": f})
+    g, fun = new_step()  # a new cache, with no options: warm_up registers the record's
+    report = fastpjit.warm_up(path, {"step": g}, threads=1)
+    assert report.counts() == {"compiled": 2}
+    counts = row(fun)
+    g(W, decode_int), g(W, DECODE)
+    assert row(fun)["cache_hits"] == counts["cache_hits"] + 2
+    assert row(fun)["cache_misses"] == counts["cache_misses"]
+    assert executables[(1, 8)] == jax_text(fun, DECODE_OPTIONS, W, DECODE)
+
+
 def run_script(*argv):
     done = subprocess.run(
         [sys.executable, SCRIPT, *map(str, argv)],

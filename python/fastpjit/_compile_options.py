@@ -110,6 +110,10 @@ class SignatureOptions:
         self.register(options, args, kwargs)
         return None
 
+    def registered(self) -> bool:
+        """Whether any signature has options of its own."""
+        return bool(self._by_bucket)
+
     def of(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any] | None:
         """The options registered for the bucket of this call, or None."""
         if not self._by_bucket:
