@@ -35,6 +35,7 @@ from rows import Counts, row
 from threads import run_in_threads
 
 import fastpjit
+from fastpjit._compile_options import SignatureOptions
 from fastpjit._jax.jit_miss import jit_cache_miss
 from fastpjit._jax.xla_compile import backend_compiles
 from fastpjit.warm_start import SignatureLog
@@ -1134,7 +1135,9 @@ def bounded_jit(fun: Any, capacity: int) -> Any:
     jitted = jax.jit(fun)
     cache = fastpjit._core.DispatchCache("bounded", [], [], capacity=capacity)
     wrapped = jit_module.JitWrapped(jitted, functools.partial(jit_cache_miss, jitted), cache)
-    wrapped._jax_function = jit_module._JaxFunction(lambda: jitted, SignatureLog(), made=jitted)
+    wrapped._jax_function = jit_module._JaxFunction(
+        lambda: jitted, SignatureLog(), SignatureOptions(cache, ((), ()), None), made=jitted
+    )
     return wrapped
 
 

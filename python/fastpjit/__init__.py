@@ -28,6 +28,7 @@ from fastpjit._core import (
 )
 from fastpjit.bench import benchmark
 from fastpjit.errors import (
+    CompilerOptionsError,
     DuplicateSpecError,
     IndivisibleError,
     NoPlacementError,
@@ -59,6 +60,7 @@ _failures.install()
 _launched.install()
 
 __all__ = [
+    "CompilerOptionsError",
     "DuplicateSpecError",
     "IndivisibleError",
     "NoPlacementError",

@@ -22,6 +22,12 @@ class Explainable(Protocol):
         """How `self(*args, **kwargs)` would be served, without running it."""
         ...
 
+    def _compiler_options(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """The compile options of `self(*args, **kwargs)`, where the function says."""
+        ...
+
 
 class ProbedCall(NamedTuple):
     """A call probed: `function`, whose cache would serve it (a bound function's function),

@@ -309,7 +309,8 @@ class Explanation:
     "bound"); `reason` why JAX runs a fallback. `signature` maps each leaf's path to its
     description; on a miss, `differences` says what differs from the nearest cached signature
     (None when nothing is cached). For a hit, `inputs` says how each flat argument becomes an
-    executable input, and `in_shardings` / `out_shardings` are the executable's."""
+    executable input, and `in_shardings` / `out_shardings` are the executable's.
+    `compiler_options` are the compile options of a jit function's call."""
 
     function: str
     kind: str
@@ -324,6 +325,9 @@ class Explanation:
     note: str | None = None
     # Whether the call's signature could be described (see `warm_start.describe_call`).
     described: bool = True
+    # A jit function's compile options for this call: its own, and its signature's over them
+    # (`with_compiler_options`); None for the other kinds of function.
+    compiler_options: dict[str, Any] | None = None
 
     def __str__(self) -> str:
         kind = f" ({self.kind})" if self.kind else ""
@@ -356,6 +360,9 @@ class Explanation:
             )
         lines.append("Signature:")
         lines.extend(f"  {path}: {text}" for path, text in self.signature.items())
+        if self.compiler_options:
+            lines.append("Compiler options:")
+            lines.extend(f"  {name}: {value!r}" for name, value in self.compiler_options.items())
         if self.inputs is not None:
             lines.append("Inputs:")
             lines.extend(f"  {path}: {how}" for path, how in self.inputs.items())
@@ -387,6 +394,7 @@ def explanation(
     kwargs: dict[str, Any],
     probe: dict[str, Any],
     note: str | None = None,
+    compiler_options: dict[str, Any] | None = None,
 ) -> Explanation:
     """How `log`'s function `name` (of `kind`) serves this call, which the dispatcher's `probe`
     says."""
@@ -426,4 +434,5 @@ def explanation(
         out_shardings=tuple(probe["out_shardings"]) if "out_shardings" in probe else None,
         note=note,
         described=call is not None,
+        compiler_options=compiler_options,
     )

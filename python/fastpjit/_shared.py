@@ -14,6 +14,7 @@ from collections.abc import Callable, Hashable, Iterable
 from typing import Any, NamedTuple
 
 from fastpjit import _core
+from fastpjit._compile_options import SignatureOptions
 from fastpjit._jax import api as _jax
 from fastpjit.warm_start import SignatureLog
 
@@ -45,11 +46,13 @@ def dispatch_cache(
 
 
 class FunctionCaches(NamedTuple):
-    """What the functions of one function and options share: the dispatch cache, and the
-    signatures of the calls that it cached (for warm starts)."""
+    """What the functions of one function and options share: the dispatch cache, the
+    signatures of the calls that it cached (for warm starts), and a jit function's compile
+    options per signature."""
 
     dispatch: _core.DispatchCache
     signatures: SignatureLog
+    options: SignatureOptions | None = None
 
     def _clear(self) -> None:
         self.dispatch._clear()

@@ -50,15 +50,42 @@ class Bound(_core.BoundFunction):
     def _explain_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ProbedCall:
         """The call of the function bound, with the bound arguments first; a hit of positional
         arguments that takes the bound path says so."""
-        merged = dict(self._kwargs)
-        for key, value in kwargs.items():
-            if key in merged:
-                raise TypeError(f"explain: keyword argument {key!r} is bound already")
-            merged[key] = value
+        merged = self._merged_kwargs(kwargs, "explain")
         call = self._explained()._explain_call((*self._args, *args), merged)
         if call.probe["outcome"] == "hit" and self._on_bound_path and not merged:
             call.probe["path"] = "bound"
         return call._replace(kind=f"bound {call.kind}")
+
+    def with_compiler_options(
+        self, compiler_options: dict[str, Any], /, *args: Any, **kwargs: Any
+    ) -> Self:
+        """Compiles the calls of the signature of the bound arguments, then `args` and
+        `kwargs`, with `compiler_options`, as the function bound's `with_compiler_options`
+        does; returns this bound function."""
+        register = getattr(self._function, "with_compiler_options", None)
+        if register is None:
+            raise TypeError(
+                f"with_compiler_options: {self._function!r} takes no compile options per "
+                "signature (fastpjit.jit and pjit functions do)"
+            )
+        merged = self._merged_kwargs(kwargs, "with_compiler_options")
+        register(compiler_options, *self._args, *args, **merged)
+        return self
+
+    def _compiler_options(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        merged = self._merged_kwargs(kwargs, "explain")
+        return self._explained()._compiler_options((*self._args, *args), merged)
+
+    def _merged_kwargs(self, kwargs: dict[str, Any], caller: str) -> dict[str, Any]:
+        """The bound keyword arguments and `kwargs`, which may not bind one again."""
+        merged = dict(self._kwargs)
+        for key, value in kwargs.items():
+            if key in merged:
+                raise TypeError(f"{caller}: keyword argument {key!r} is bound already")
+            merged[key] = value
+        return merged
 
     def lower(self, *args: Any, **kwargs: Any) -> Any:
         """Lowers the function for the bound arguments and these."""
@@ -136,6 +163,13 @@ class Bindable:
         """How `self(*args, **kwargs)` would be served, without running it."""
         function: Any = self  # a JitFunction with a `_signature_log`: an `Explainable`
         return ProbedCall(function, self._kind, args, kwargs, function._probe(*args, **kwargs))
+
+    def _compiler_options(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """The compile options that a call of these arguments compiles with, where the
+        function says (a jit function's own, and its signature's over them)."""
+        return None
 
     def _donated_arguments(self) -> tuple[set[int], set[str]]:
         return set(), set()

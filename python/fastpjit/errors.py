@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastpjit._jax.exceptions import DuplicateSpecError, IndivisibleError
 
 __all__ = [
+    "CompilerOptionsError",
     "DuplicateSpecError",
     "IndivisibleError",
     "NoPlacementError",
@@ -26,6 +27,16 @@ class NoPlacementError(NotImplementedError, AssertionError):
     """A sharding that says nothing of where data lies ({manual}, {unknown}) has no index map.
 
     JAX fails an assertion on the index maps of these, so the error is an AssertionError too.
+    """
+
+
+class CompilerOptionsError(TypeError, ValueError, AttributeError):
+    """Compile options that are not a dict of XLA option names to str, bool, int or float.
+
+    JAX raises an AttributeError for `compiler_options` that are not a dict, a ValueError for
+    a value that cannot be hashed and a TypeError for a value of another type, so this error
+    is all three. (An unknown option name is JAX's `JaxRuntimeError`, as the backend raises
+    it.)
     """
 
 

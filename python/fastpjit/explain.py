@@ -54,7 +54,8 @@ def explain(f: Any, /, *args: Any, **kwargs: Any) -> Explanation:
     (and why); the call's signature leaf by leaf; for a hit, how each argument becomes an
     input, and the executable's input and output shardings. `f` is a fastpjit jit, pjit, pmap,
     AOT-compiled, compile_hlo or bound function; for a `jax.jit` function, it explains what
-    `fastpjit.jit` of the same function and options would do."""
+    `fastpjit.jit` of the same function and options would do. For a jit function, it gives
+    the compile options of the call (the function's, and its signature's over them)."""
     note = None
     if jit_options.is_jax_jit(f):
         fun, options = jit_options.jit_function_and_options(f)
@@ -70,7 +71,14 @@ def explain(f: Any, /, *args: Any, **kwargs: Any) -> Explanation:
     target = call.function
     name = getattr(target, "__qualname__", None) or getattr(target, "__name__", repr(target))
     return explanation(
-        str(name), call.kind, target._signature_log, call.args, call.kwargs, call.probe, note
+        str(name),
+        call.kind,
+        target._signature_log,
+        call.args,
+        call.kwargs,
+        call.probe,
+        note,
+        target._compiler_options(call.args, call.kwargs),
     )
 
 

@@ -19,6 +19,7 @@ from typing import Any, Self, TypeVar, overload
 import jax
 
 from fastpjit import _core
+from fastpjit._compile_options import SignatureOptions
 from fastpjit._jax import api as _jax
 from fastpjit._jax.jit_miss import aot_cache_miss, compile_lowered, jit_cache_miss
 from fastpjit._recompiles import check_recompile
@@ -150,6 +151,25 @@ class JitWrapped(Wrapped):
         """How many executables this function has cached."""
         return self._cache_size()
 
+    def with_compiler_options(
+        self, compiler_options: dict[str, Any], /, *args: Any, **kwargs: Any
+    ) -> Self:
+        """Compiles the calls of the signature of `args` and `kwargs` (arrays, scalars or
+        `jax.ShapeDtypeStruct`s: a shape bucket) with `compiler_options` over the function's
+        own; returns this function. A bucket is the arguments' tree, each leaf's shape and
+        dtype, and the static arguments. Executables that its calls compiled before are
+        forgotten. The functions of this function and options share the options, as they
+        share their executables."""
+        self._jax_function.options.register(compiler_options, args, kwargs)
+        return self
+
+    @property
+    def _signature_options(self) -> SignatureOptions:
+        return self._jax_function.options
+
+    def _compiler_options(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        return self._jax_function.options.merged(args, kwargs)
+
     def _rewrapped(self) -> JitWrapped:
         """A new function over the same jax.jit function and dispatch cache."""
         return _function(
@@ -261,19 +281,21 @@ class _JaxFunction:
     wrapper of a function wrapped before finds its executables in the shared dispatch cache,
     and makes no jax.jit function unless it misses, falls back or is lowered."""
 
-    __slots__ = ("_legacy", "_made", "_make", "_make_legacy", "signatures")
+    __slots__ = ("_legacy", "_made", "_make", "_make_legacy", "options", "signatures")
 
     def __init__(
         self,
         make: Callable[[], Any],
         signatures: SignatureLog,
+        options: SignatureOptions,
         make_legacy: Callable[[], Any] | None = None,
         made: Any = None,
     ):
         self._make, self._make_legacy = make, make_legacy
         self._made, self._legacy = made, None
-        # The signatures of the calls cached, shared by the functions of one dispatch cache.
-        self.signatures = signatures
+        # The signatures of the calls cached and the compile options per signature, shared by
+        # the functions of one dispatch cache.
+        self.signatures, self.options = signatures, options
 
     def _name(self) -> str:
         fun = self._make.args[0] if isinstance(self._make, functools.partial) else self._make
@@ -310,8 +332,9 @@ class _JaxFunction:
     @_jax.api_boundary
     def miss(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _core.CacheMiss:
         check_recompile(self._name(), self.signatures, args, kwargs)
-        outcome = jit_cache_miss(self.active(), args, kwargs)
-        self.signatures.note(args, kwargs)
+        options = self.options.of(args, kwargs)
+        outcome = jit_cache_miss(self.active(), args, kwargs, options)
+        self.signatures.note(args, kwargs, options)
         return outcome
 
 
@@ -355,12 +378,18 @@ def _wrap(
         made.append(jitted)
         argnums, argnames = _jax.jit_static_args(jitted)
         cache = dispatch_cache(fun, argnums, argnames)
-        return FunctionCaches(cache, SignatureLog((argnums, argnames), dispatch=cache))
+        return FunctionCaches(
+            cache,
+            SignatureLog((argnums, argnames), dispatch=cache),
+            SignatureOptions(cache, (argnums, argnames), options.get("compiler_options")),
+        )
 
     caches = _shared_caches.get(fun, (kind._kind, options), new_caches)
+    assert caches.options is not None
     jax_function = _JaxFunction(
         functools.partial(_jax.jax_jit, fun, **options),
         caches.signatures,
+        caches.options,
         make_legacy,
         made[0] if made else None,
     )

@@ -28,12 +28,19 @@ from fastpjit._jax.rust_handles import canonical_dtype
 from fastpjit._jax.xla_compile import compile_lowering, thread_compiles
 
 
-def jit_cache_miss(jitted: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _native.CacheMiss:
+def jit_cache_miss(
+    jitted: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    compiler_options: dict[str, Any] | None = None,
+) -> _native.CacheMiss:
     """Runs a call of `jitted` as JAX's C++ dispatcher does on a cache miss, but compiled by
     fastpjit where it can be, and returns a `fastpjit._core.CacheMiss`: the outputs; where JAX
     would take its fast path next time, the `FastPath` that fastpjit's dispatcher takes
     instead; how many backend compiles the miss ran; and why JAX, not fastpjit, lowered and
-    compiled the call (or runs it), if it did.
+    compiled the call (or runs it), if it did. fastpjit compiles with `compiler_options` (the
+    call's signature's) over jitted's own; JAX, which compiles the calls that it runs, with
+    jitted's own.
     """
     if _config.disable_jit.value:
         # Under jax.disable_jit(), jax.jit calls the function itself; there is nothing to cache.
@@ -41,18 +48,21 @@ def jit_cache_miss(jitted: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -
             jitted(*args, **kwargs), None, compiles=0, jax_reason="disable_jit"
         )
     compiles_before = thread_compiles()
-    outs, fast, reason = _jit_miss(jitted, args, kwargs)
+    outs, fast, reason = _jit_miss(jitted, args, kwargs, compiler_options)
     return _native.CacheMiss(
         outs, fast, compiles=thread_compiles() - compiles_before, jax_reason=reason
     )
 
 
 def _jit_miss(
-    jitted: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    jitted: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    compiler_options: dict[str, Any] | None,
 ) -> tuple[Any, Any, str | None]:
     fun, info = jitted._fun, jitted._jit_info
     p, args_flat = _pjit._infer_params(fun, info, args, kwargs)
-    compiled, reason = _compile_by_fastpjit(p, args_flat)
+    compiled, reason = _compile_by_fastpjit(_with_options(p, compiler_options), args_flat)
     if compiled is None:
         outs, out_flat, out_tree, args_flat, jaxpr, executable, profiler, const_args = (
             _pjit._run_python_pjit(p, args_flat, fun, args, kwargs)
@@ -66,6 +76,14 @@ def _jit_miss(
         executable, out_tree, args_flat, out_flat, jaxpr.effects, jaxpr.consts, profiler, const_args
     )
     return outs, *_fast_path_and_reason(fast, p.params["donated_invars"], reason)
+
+
+def _with_options(p: Any, compiler_options: dict[str, Any] | None) -> Any:
+    """JAX's parameters of a call (`PjitParams`) with `compiler_options` over its own."""
+    if not compiler_options:
+        return p
+    merged = {**dict(p.params["compiler_options_kvs"]), **compiler_options}
+    return p._replace(params={**p.params, "compiler_options_kvs": tuple(merged.items())})
 
 
 def _run_checked(

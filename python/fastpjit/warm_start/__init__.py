@@ -5,8 +5,9 @@ A record is data, never code: JSON with a schema version and the versions that w
 signature holds each argument's kind, shape, dtype, weak type, commitment and sharding (mesh
 shape, axis names, device ids and spec), its tree (tuples, lists, dicts, None, and NamedTuples
 by the name of their type), the static arguments that are JSON values, keyword names, and the
-configuration that keys a call (x64). Replaying one calls the function once on zero-filled
-arguments of that signature, so that its first real call is a cache hit.
+configuration that keys a call (x64), and the compile options registered for it
+(`with_compiler_options`). Replaying one calls the function once on zero-filled arguments of
+that signature, compiled with those options, so that its first real call is a cache hit.
 
 One module a job: `describe` (a call's signature), `log` (the signatures a function served),
 `record` (the file: written, read), `check` (a loaded record against the schema, which `schema`

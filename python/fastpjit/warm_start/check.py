@@ -96,7 +96,9 @@ class _Checker:
         return record
 
     def signature(self, signature: Any, where: str) -> None:
-        self.obj(signature, where, {"args", "kwargs", "config"})
+        self.obj(signature, where, {"args", "kwargs", "config"}, frozenset({"compiler_options"}))
+        if "compiler_options" in signature:
+            self.compiler_options(signature["compiler_options"], f"{where}.compiler_options")
         for i, arg in enumerate(self.typed(signature["args"], list, f"{where}.args", "a list")):
             self.argument(arg, f"{where}.args[{i}]")
         kwargs = self.typed(signature["kwargs"], dict, f"{where}.kwargs", "an object")
@@ -111,6 +113,14 @@ class _Checker:
                 {"mesh_shape", "axis_names", "axis_types", "device_ids"},
             )
             self.mesh(config["mesh"], f"{where}.config.mesh")
+
+    def compiler_options(self, options: Any, where: str) -> None:
+        for name, value in self.typed(options, dict, where, "an object").items():
+            self.count(where)
+            if isinstance(value, float) and not math.isfinite(value):
+                self.fail(f"{where}[{name!r}]", "a finite float", value)
+            if not isinstance(value, (str, bool, int, float)):
+                self.fail(f"{where}[{name!r}]", "a string, bool or number", value)
 
     def argument(self, arg: Any, where: str) -> None:
         if isinstance(arg, dict) and arg.keys() == {"static"}:

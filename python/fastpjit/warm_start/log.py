@@ -82,7 +82,14 @@ class SignatureLog:
                 return f"{where} is recorded as {kinds[0]}, and the function takes it as {kinds[1]}"
         return None
 
-    def note(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
+    def note(
+        self,
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        compiler_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Notes the signature of a call, with the compile options of its signature (those
+        registered for it, not the function's own), which replace any noted before."""
         try:
             signature = self.describe(args, kwargs)
         except Unrecordable as why:
@@ -92,6 +99,8 @@ class SignatureLog:
             self._count(f"{type(error).__name__}: {error}")
             return
         key = _frozen(signature)
+        if compiler_options:
+            signature["compiler_options"] = dict(compiler_options)
         with self._lock:
             self._signatures[key] = signature
             self._signatures.move_to_end(key)

@@ -37,10 +37,13 @@ class Skipped(Exception):
 
 
 class _Rebuilder:
-    """Rebuilds a recorded call's arguments, zero-filled, on this process's devices."""
+    """Rebuilds a recorded call's arguments, zero-filled, on this process's devices; or, where
+    `abstract`, its arrays as `jax.ShapeDtypeStruct`s (a signature's shape bucket), placing
+    nothing."""
 
-    def __init__(self) -> None:
+    def __init__(self, abstract: bool = False) -> None:
         self.devices = {d.id: d for d in jax.devices()}
+        self.abstract = abstract
 
     def device(self, device_id: int) -> jax.Device:
         device = self.devices.get(device_id)
@@ -94,6 +97,8 @@ class _Rebuilder:
         dtype = np.dtype(jax.numpy.dtype(leaf["dtype"]))
         if kind == "numpy_scalar":
             return dtype.type(0)
+        if self.abstract:
+            return jax.ShapeDtypeStruct(tuple(leaf["shape"]), dtype)
         zeros = np.zeros(leaf["shape"], dtype)
         if kind == "numpy":
             return zeros
@@ -264,6 +269,7 @@ def warm_up(
         for i, signature in enumerate(record["functions"].get(name, {}).get("signatures", []))
     ]
     rebuilder = _Rebuilder()
+    conflicts = {} if mismatch is not None else _adopt_options(functions, tasks)
 
     def replay(task: tuple[str, int, dict[str, Any]]) -> WarmUpEntry:
         name, i, signature = task
@@ -273,6 +279,8 @@ def warm_up(
         fn = _unbound(functions[name])
         config = signature["config"]
         try:
+            if (name, i) in conflicts:
+                raise Skipped(conflicts[name, i])
             if max_signatures is not None and i >= max_signatures:
                 raise Skipped(f"past the first max_signatures={max_signatures} of the function")
             statics = log_of(fn).statics_differ(signature)
@@ -308,6 +316,35 @@ def warm_up(
         workers = 1  # every process replays its collectives in the record's order
     entries = _run(replay, tasks, workers)
     return WarmUpReport(tuple(entries), time.perf_counter() - start)
+
+
+def _adopt_options(
+    functions: Mapping[str, Any], tasks: list[tuple[str, int, Signature]]
+) -> dict[tuple[str, int], str]:
+    """Has each function compile its recorded signatures with the compile options recorded
+    with them, registering them where it has none for a signature; returns why each signature
+    whose function has others (or takes none per signature) is skipped. Run before any replay,
+    so that no registration forgets an executable that another replay compiled."""
+    conflicts = {}
+    abstract = _Rebuilder(abstract=True)
+    for name, i, signature in tasks:
+        fn = _unbound(functions[name])
+        recorded = signature.get("compiler_options", {})
+        options = getattr(fn, "_signature_options", None)
+        if options is None or not (recorded or options.registered()):
+            if recorded:
+                why = f"recorded with the compiler options {recorded}, which {fn!r} cannot take"
+                conflicts[name, i] = why
+            continue
+        try:
+            with jax.enable_x64(signature["config"]["jax_enable_x64"]):
+                args, kwargs = abstract.call(signature)
+                conflict = options.adopt(recorded, args, kwargs)
+        except Exception:  # noqa: BLE001 - the replay of the signature says why
+            continue
+        if conflict is not None:
+            conflicts[name, i] = conflict
+    return conflicts
 
 
 def _unbound(fn: Any) -> Callable[..., Any]:

@@ -15,8 +15,8 @@ import jax
 from fastpjit._core import __version__
 
 SCHEMA = "fastpjit.signatures"
-# 2: NamedTuple nodes.
-SCHEMA_VERSION = 2
+# 2: NamedTuple nodes. 3: a signature's compile options (`with_compiler_options`).
+SCHEMA_VERSION = 3
 # Bounds on what a record may hold, so that a hostile one cannot exhaust memory or the stack.
 MAX_RECORD_BYTES = 64 << 20
 MAX_DEPTH = 64

@@ -268,6 +268,27 @@ impl<K: Eq + Hash, V, R: Rule<V>> BoundedMap<K, V, R> {
         removed.pop()
     }
 
+    /// Forgets every value that `is_it` picks.
+    pub fn forget_where(&mut self, is_it: impl Fn(&V) -> bool) -> Forgotten<K, V>
+    where
+        K: Clone,
+    {
+        let keys: Vec<K> = self
+            .map
+            .iter()
+            .flat_map(HashMap::iter)
+            .filter(|(_, bucket)| bucket.as_slice().iter().any(&is_it))
+            .map(|(key, _)| key.clone())
+            .collect();
+        let mut some = Vec::new();
+        for key in keys {
+            while let Some(value) = self.remove_where(&key, &is_it) {
+                some.push(value);
+            }
+        }
+        Forgotten { all: None, some }
+    }
+
     /// Forgets every value.
     pub fn clear(&mut self) -> Forgotten<K, V> {
         self.len = 0;
@@ -366,6 +387,25 @@ mod tests {
         assert_eq!(forgotten.into_values(), ["b"]);
         assert_eq!(map.len(), 2);
         assert_eq!(map.values().count(), 2);
+    }
+
+    #[test]
+    fn forget_where_forgets_the_values_picked_under_every_key() {
+        let mut map = BoundedMap::<_, _>::new(8);
+        let _ = map.push(1, 10);
+        let _ = map.push(1, 11);
+        let _ = map.push(1, 12);
+        let _ = map.push(2, 20);
+        let _ = map.push(3, 31);
+        let mut forgotten = map.forget_where(|v| v % 2 == 1).into_values();
+        forgotten.sort_unstable();
+        assert_eq!(forgotten, [11, 31]);
+        assert_eq!(map.len(), 3);
+        let mut kept: Vec<_> = map.values().copied().collect();
+        kept.sort_unstable();
+        assert_eq!(kept, [10, 12, 20]);
+        assert_eq!(map.get(&3), None);
+        assert!(map.forget_where(|_| false).is_empty());
     }
 
     #[test]

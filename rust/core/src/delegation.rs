@@ -25,7 +25,7 @@
 //! hundred (`benches/instructions.py subclass`). After `UNKEYABLE_CALLS` such calls in a row,
 //! every call goes to JAX's dispatch unread until the recheck.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 /// Every how many calls a delegating function takes fastpjit's path again.
 pub const RECHECK: u32 = 256;
@@ -125,6 +125,9 @@ pub struct Delegation {
     copying_hits: AtomicU32,
     /// The calls that fastpjit could not key since the latest hit.
     unkeyable_calls: AtomicU32,
+    /// Whether no call may go to JAX's dispatch: jax.jit compiles with the function's own
+    /// compile options, and this function compiles some signatures with others.
+    forbidden: AtomicBool,
 }
 
 /// The bit of `Delegation::state` that hands every call to JAX.
@@ -140,6 +143,11 @@ impl Delegation {
         if state == 0 {
             return None;
         }
+        if self.forbidden.load(Ordering::Relaxed) {
+            // A hit that began before `forbid` may have handed the calls over.
+            self.state.store(0, Ordering::Relaxed);
+            return None;
+        }
         if state & !(EVERY_CALL | UNKEYABLE) > RECHECK {
             self.state.store(0, Ordering::Relaxed);
             return None;
@@ -152,8 +160,17 @@ impl Delegation {
         }
     }
 
+    /// From now on, no call goes to JAX's dispatch.
+    pub fn forbid(&self) {
+        self.forbidden.store(true, Ordering::Relaxed);
+        self.state.store(0, Ordering::Relaxed);
+    }
+
     /// Records a call that fastpjit could not key, which went to JAX (outside any trace).
     pub fn after_unkeyable(&self) {
+        if self.forbidden.load(Ordering::Relaxed) {
+            return;
+        }
         if self.unkeyable_calls.fetch_add(1, Ordering::Relaxed) + 1 >= UNKEYABLE_CALLS {
             self.unkeyable_calls.store(0, Ordering::Relaxed);
             self.state
@@ -164,6 +181,9 @@ impl Delegation {
     /// Records a hit of fastpjit's that took `inputs` (`can_delegate`: whether this function
     /// has JAX's dispatch to hand calls to, and its executable takes them as JAX's would).
     pub fn after_hit(&self, can_delegate: bool, inputs: HitInputs) {
+        if self.forbidden.load(Ordering::Relaxed) {
+            return;
+        }
         if self.unkeyable_calls.load(Ordering::Relaxed) != 0 {
             self.unkeyable_calls.store(0, Ordering::Relaxed);
         }
@@ -234,6 +254,20 @@ mod tests {
         assert!(delegation.delegates(CARRIES_NUMPY).is_none());
         delegation.after_hit(true, NUMPY_BATCH);
         assert!(delegation.delegates(CARRIES_NUMPY).is_some());
+    }
+
+    #[test]
+    fn a_forbidden_delegation_hands_over_no_call() {
+        let delegation = Delegation::default();
+        delegation.after_hit(true, NUMPY_BATCH);
+        assert!(delegation.delegates(CARRIES_NUMPY).is_some());
+        delegation.forbid();
+        assert!(delegation.delegates(CARRIES_NUMPY).is_none());
+        delegation.after_hit(true, NUMPY_BATCH);
+        for _ in 0..UNKEYABLE_CALLS {
+            delegation.after_unkeyable();
+        }
+        assert!(delegation.delegates(CARRIES_NUMPY).is_none());
     }
 
     #[test]

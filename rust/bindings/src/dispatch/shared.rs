@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use fastpjit_core::dispatch::route::{self, Outcome as Held};
-use fastpjit_core::dispatch::{CacheEntry, EntryCache, Found, Route, Unkeyable};
+use fastpjit_core::dispatch::{has_leaf_shapes, CacheEntry, EntryCache, Found, Route, Unkeyable};
 use fastpjit_core::{BoundedMap, Delegation, Fallback};
 use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
@@ -305,6 +305,25 @@ impl DispatchCache {
             Ok::<_, PyErr>(())
         })?;
         Ok(out)
+    }
+
+    /// Forgets the cache entries whose flat leaves have `shapes` (in any order), and bound
+    /// functions' kept entries; returns how many entries were forgotten. Compile options
+    /// registered for a shape bucket make its entries stale; entries of other shapes stay.
+    #[pyo3(name = "_forget_shapes")]
+    fn forget_shapes(&self, shapes: Vec<Vec<i64>>) -> usize {
+        self.generation.fetch_add(1, Ordering::Relaxed);
+        let forgotten = self
+            .cache
+            .forget_where(move |signature| has_leaf_shapes(&signature.leaves, &shapes));
+        forgotten.len()
+    }
+
+    /// Hands no call to jax.jit's dispatch any more, which compiles with the function's own
+    /// compile options only.
+    #[pyo3(name = "_no_delegation")]
+    fn no_delegation(&self) {
+        self.delegation.forbid();
     }
 
     /// Forgets every cached executable.

@@ -244,6 +244,23 @@ impl<S, E> EntryCache<S, E> {
         entries
     }
 
+    /// Removes the entries whose signatures `is_it` picks, returning them (each once) for the
+    /// caller to drop where it may.
+    pub fn forget_where(&self, is_it: impl Fn(&S) -> bool) -> Vec<Entry<S, E>> {
+        let forgotten = lock(&self.entries)
+            .forget_where(|entry| is_it(&entry.signature))
+            .into_values();
+        let mut recent = lock(&self.recent);
+        let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut *recent)
+            .into_iter()
+            .partition(|entry| is_it(&entry.signature));
+        *recent = kept;
+        drop(recent);
+        // Handles of entries that `forgotten` holds too: none of them is the last.
+        drop(gone);
+        forgotten
+    }
+
     /// Calls `f` on every entry, unless another thread holds the cache (a garbage
     /// collection's traversal must not block).
     pub fn try_for_each<Err>(
@@ -288,6 +305,22 @@ mod tests {
         miss.entry.set_outcome("run");
         cache.end_miss(&miss, true);
         miss.entry
+    }
+
+    #[test]
+    fn forget_where_leaves_the_other_entries_found() {
+        let cache = Cache::new(8);
+        compile(&cache, 1, 10);
+        compile(&cache, 1, 11);
+        compile(&cache, 2, 20);
+        let forgotten = cache.forget_where(|s| *s == 11 || *s == 20);
+        assert_eq!(forgotten.len(), 2);
+        assert_eq!(cache.len(), 1);
+        assert!(find(&cache, 1, 10).is_some());
+        assert!(find(&cache, 1, 11).is_none() && find(&cache, 2, 20).is_none());
+        assert_eq!(probe(&cache, 11), None);
+        assert_eq!(probe(&cache, 20), None);
+        assert_eq!(probe(&cache, 10), Some(10));
     }
 
     #[test]

@@ -27,6 +27,6 @@ pub use plan::{DonationClash, InputPlan};
 pub use route::{Found, JaxDispatch, Route, Unkeyable};
 pub use seen::{SeenArrays, SEEN_POSITIONS};
 pub use signature::{
-    ArgSignature, AvalValue, CallSignature, Descr, DtypeKey, HostKind, ScalarKind, ShardingId,
-    SignatureHasher,
+    has_leaf_shapes, ArgSignature, AvalValue, CallSignature, Descr, DtypeKey, HostKind, ScalarKind,
+    ShardingId, SignatureHasher,
 };

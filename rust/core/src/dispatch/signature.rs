@@ -133,6 +133,18 @@ impl<H> ArgSignature<H> {
         matches!(self, Self::Array { .. })
     }
 
+    /// The shape of the leaf: a Python scalar's is `()`.
+    pub fn shape(&self) -> Vec<i64> {
+        match self {
+            Self::Array { value, .. } => value.shape.to_vec(),
+            Self::Host { shape, .. } => shape
+                .iter()
+                .map(|&d| i64::try_from(d).unwrap_or(i64::MAX))
+                .collect(),
+            Self::Scalar(_) => Vec::new(),
+        }
+    }
+
     /// The signature's part of the call's hash, as `SignatureHasher` takes a live leaf.
     pub fn hash_into(&self, hasher: &mut SignatureHasher) {
         match self {
@@ -146,6 +158,21 @@ impl<H> ArgSignature<H> {
             Self::Scalar(kind) => hasher.scalar(*kind),
         }
     }
+}
+
+/// Whether `leaves` have the shapes `shapes`, in any order: a call that compile options for a
+/// shape bucket may apply to. Compile options registered for a bucket forget the cache entries
+/// that this picks; it may pick entries of other buckets too (dtypes, trees and static
+/// arguments are not compared), whose next calls only miss again.
+pub fn has_leaf_shapes<H>(leaves: &[ArgSignature<H>], shapes: &[Vec<i64>]) -> bool {
+    if leaves.len() != shapes.len() {
+        return false;
+    }
+    let mut ours: Vec<Vec<i64>> = leaves.iter().map(ArgSignature::shape).collect();
+    let mut theirs = shapes.to_vec();
+    ours.sort_unstable();
+    theirs.sort_unstable();
+    ours == theirs
 }
 
 /// The hash of a call signature, built from a live call's parts in order: the argument
@@ -284,6 +311,32 @@ mod tests {
             has_fields: false,
             has_subarray: false,
         }
+    }
+
+    #[test]
+    fn leaf_shapes_match_in_any_order() {
+        let array = |shape: &[i64]| ArgSignature::Array {
+            aval: (),
+            value: Arc::new(AvalValue::new(F32, shape.into(), false)),
+            sharding: (),
+            sharding_id: 0,
+            committed: true,
+        };
+        let host = ArgSignature::Host {
+            dtype: F32,
+            kind: HostKind::Array,
+            shape: vec![8, 1].into(),
+        };
+        let leaves = [array(&[4, 4]), ArgSignature::Scalar(ScalarKind::Int), host];
+        assert!(has_leaf_shapes(&leaves, &[vec![4, 4], vec![], vec![8, 1]]));
+        assert!(has_leaf_shapes(&leaves, &[vec![8, 1], vec![4, 4], vec![]]));
+        assert!(!has_leaf_shapes(&leaves, &[vec![4, 4], vec![], vec![8, 2]]));
+        assert!(!has_leaf_shapes(&leaves, &[vec![4, 4], vec![]]));
+        assert!(!has_leaf_shapes(
+            &leaves,
+            &[vec![4, 4], vec![4, 4], vec![8, 1]]
+        ));
+        assert!(has_leaf_shapes::<()>(&[], &[]));
     }
 
     #[test]
