@@ -38,6 +38,7 @@ import fastpjit
 from fastpjit._compile_options import SignatureOptions
 from fastpjit._jax.jit_miss import jit_cache_miss
 from fastpjit._jax.xla_compile import backend_compiles
+from fastpjit._shared import FunctionCaches
 from fastpjit.warm_start import SignatureLog
 
 DEVICES = tuple(jax.devices())
@@ -1135,9 +1136,8 @@ def bounded_jit(fun: Any, capacity: int) -> Any:
     jitted = jax.jit(fun)
     cache = fastpjit._core.DispatchCache("bounded", [], [], capacity=capacity)
     wrapped = jit_module.JitWrapped(jitted, functools.partial(jit_cache_miss, jitted), cache)
-    wrapped._jax_function = jit_module._JaxFunction(
-        lambda: jitted, SignatureLog(), SignatureOptions(cache, ((), ()), None), made=jitted
-    )
+    caches = FunctionCaches(cache, SignatureLog(), SignatureOptions(cache, ((), ()), None))
+    wrapped._jax_function = jit_module._JaxFunction(lambda: jitted, caches, made=jitted)
     return wrapped
 
 

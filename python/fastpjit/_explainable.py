@@ -7,15 +7,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 if TYPE_CHECKING:
-    from fastpjit.warm_start.log import SignatureLog
+    from fastpjit._core import DispatchCache
 
 __all__ = ["Explainable", "ProbedCall"]
 
 
 class Explainable(Protocol):
     @property
-    def _signature_log(self) -> SignatureLog:
-        """The signatures of the calls that its cache served."""
+    def _dispatch_cache(self) -> DispatchCache:
+        """The cache that serves its calls, which describes their signatures."""
         ...
 
     def _explain_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ProbedCall:

@@ -10,7 +10,6 @@ from typing import Any
 from fastpjit import _core
 from fastpjit._explanation import explanation
 from fastpjit.errors import RecompileError
-from fastpjit.warm_start.log import SignatureLog
 
 __all__ = ["check_recompile", "miss_report", "no_recompiles", "recompiles_allowed"]
 
@@ -38,15 +37,18 @@ class no_recompiles(contextlib.ContextDecorator):  # noqa: N801 - used like a fu
 
 
 def check_recompile(
-    name: str, log: SignatureLog, args: tuple[Any, ...], kwargs: dict[str, Any]
+    name: str, dispatch: _core.DispatchCache, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> None:
-    """Raises RecompileError for a miss of `name` inside `no_recompiles`."""
+    """Raises RecompileError for a miss of `name`, whose cache is `dispatch`, inside
+    `no_recompiles`."""
     if recompiles_allowed():
         return
     _core.count_recompile_stopped()
-    raise RecompileError(miss_report(name, log, args, kwargs))
+    raise RecompileError(miss_report(name, dispatch, args, kwargs))
 
 
-def miss_report(name: str, log: SignatureLog, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+def miss_report(
+    name: str, dispatch: _core.DispatchCache, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> str:
     """A miss in words: `explain`'s report of it."""
-    return str(explanation(name, "", log, args, kwargs, {"outcome": "miss"}))
+    return str(explanation(name, "", dispatch, args, kwargs, {"outcome": "miss"}))

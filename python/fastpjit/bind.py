@@ -40,7 +40,13 @@ class Bound(_core.BoundFunction):
 
     @property
     def _signature_log(self) -> SignatureLog:
-        return self._explained()._signature_log
+        # Every fastpjit function that `bind` makes a bound function of keeps one.
+        log: SignatureLog = cast(Any, self._function)._signature_log
+        return log
+
+    @property
+    def _dispatch_cache(self) -> _core.DispatchCache:
+        return self._explained()._dispatch_cache
 
     def _explained(self) -> Explainable:
         """The function bound (a fastpjit function, whose `bind` made this) as `explain` reads

@@ -11,13 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, TypeGuard
 
 from fastpjit._explainable import Explainable
-from fastpjit._explanation import (
-    Difference,
-    Explanation,
-    explanation,
-    leaf_rows,
-    nearest_differences,
-)
+from fastpjit._explanation import Difference, Explanation, explanation
 from fastpjit._jax import jit_options
 from fastpjit._recompiles import no_recompiles, recompiles_allowed
 from fastpjit.jit import jit
@@ -41,8 +35,6 @@ __all__ = [
     "Difference",
     "Explanation",
     "explain",
-    "leaf_rows",
-    "nearest_differences",
     "no_recompiles",
     "recompiles_allowed",
 ]
@@ -73,7 +65,7 @@ def explain(f: Any, /, *args: Any, **kwargs: Any) -> Explanation:
     return explanation(
         str(name),
         call.kind,
-        target._signature_log,
+        target._dispatch_cache,
         call.args,
         call.kwargs,
         call.probe,

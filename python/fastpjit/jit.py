@@ -247,7 +247,7 @@ class Compiled(Bindable, _core.JitFunction):
         """`compiled` (JAX's) of the function `fun` (or of no function known), as fastpjit
         calls it."""
         cache = dispatch_cache(compiled if fun is None else fun, [], [])
-        log = SignatureLog(dispatch=cache)
+        log = SignatureLog()
         miss = _jax.api_boundary(log.noting(functools.partial(aot_cache_miss, compiled)))
         wrapped = cls(compiled, miss, cache)
         wrapped._compiled, wrapped._fun = compiled, fun
@@ -281,21 +281,22 @@ class _JaxFunction:
     wrapper of a function wrapped before finds its executables in the shared dispatch cache,
     and makes no jax.jit function unless it misses, falls back or is lowered."""
 
-    __slots__ = ("_legacy", "_made", "_make", "_make_legacy", "options", "signatures")
+    __slots__ = ("_legacy", "_made", "_make", "_make_legacy", "dispatch", "options", "signatures")
 
     def __init__(
         self,
         make: Callable[[], Any],
-        signatures: SignatureLog,
-        options: SignatureOptions,
+        caches: FunctionCaches,
         make_legacy: Callable[[], Any] | None = None,
         made: Any = None,
     ):
         self._make, self._make_legacy = make, make_legacy
         self._made, self._legacy = made, None
-        # The signatures of the calls cached and the compile options per signature, shared by
-        # the functions of one dispatch cache.
-        self.signatures, self.options = signatures, options
+        # The dispatch cache, the signatures of the calls it cached and the compile options
+        # per signature, shared by the functions of one dispatch cache.
+        assert caches.options is not None
+        self.dispatch, self.signatures = caches.dispatch, caches.signatures
+        self.options: SignatureOptions = caches.options
 
     def _name(self) -> str:
         fun = self._make.args[0] if isinstance(self._make, functools.partial) else self._make
@@ -331,7 +332,7 @@ class _JaxFunction:
 
     @_jax.api_boundary
     def miss(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _core.CacheMiss:
-        check_recompile(self._name(), self.signatures, args, kwargs)
+        check_recompile(self._name(), self.dispatch, args, kwargs)
         options = self.options.of(args, kwargs)
         outcome = jit_cache_miss(self.active(), args, kwargs, options)
         self.signatures.note(args, kwargs, options)
@@ -380,16 +381,14 @@ def _wrap(
         cache = dispatch_cache(fun, argnums, argnames)
         return FunctionCaches(
             cache,
-            SignatureLog((argnums, argnames), dispatch=cache),
+            SignatureLog((argnums, argnames)),
             SignatureOptions(cache, (argnums, argnames), options.get("compiler_options")),
         )
 
     caches = _shared_caches.get(fun, (kind._kind, options), new_caches)
-    assert caches.options is not None
     jax_function = _JaxFunction(
         functools.partial(_jax.jax_jit, fun, **options),
-        caches.signatures,
-        caches.options,
+        caches,
         make_legacy,
         made[0] if made else None,
     )

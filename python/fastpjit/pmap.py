@@ -101,12 +101,12 @@ def pmap(
 
     def new_caches() -> FunctionCaches:
         cache = dispatch_cache(fun, statics, [])
-        return FunctionCaches(cache, SignatureLog((statics, ()), dispatch=cache))
+        return FunctionCaches(cache, SignatureLog((statics, ())))
 
     caches = _shared_caches.get(fun, options, new_caches)
 
     def guarded_miss(args: tuple[Any, ...], kwargs: dict[str, Any]) -> _core.CacheMiss:
-        check_recompile(_jax.function_name(fun), caches.signatures, args, kwargs)
+        check_recompile(_jax.function_name(fun), caches.dispatch, args, kwargs)
         return pmap_cache_miss(pmapped, args, kwargs)
 
     miss = caches.signatures.noting(guarded_miss)

@@ -1,5 +1,5 @@
 """The signature log: the signatures of the calls that a fastpjit function cached, which a
-record saves (`save_signatures`) and `explain` compares a call with."""
+record saves (`save_signatures`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from fastpjit import _core
 from fastpjit.warm_start.describe import Unrecordable, describe_call
 from fastpjit.warm_start.schema import Signature
 
@@ -31,17 +30,9 @@ def _frozen(value: Any) -> Any:
 class SignatureLog:
     """The signatures of one function's cache misses, newest last, at most `capacity`; calls
     that a record cannot hold are counted by reason. `statics` are the function's static
-    argument positions and names; `dispatch`, its dispatch cache, describes a call's signature
-    as the dispatcher keys it (`DispatchCache._describe`), jit key and all."""
+    argument positions and names."""
 
-    def __init__(
-        self,
-        statics: tuple[Any, Any] = ((), ()),
-        capacity: int = 1024,
-        *,
-        dispatch: _core.DispatchCache | None = None,
-    ) -> None:
-        self.dispatch = dispatch
+    def __init__(self, statics: tuple[Any, Any] = ((), ()), capacity: int = 1024) -> None:
         self._static_positions = set(statics[0])
         self._static_names = set(statics[1])
         self._capacity = capacity

@@ -1,7 +1,9 @@
 //! A call signature described item by item (see the core's `describe`): the texts that only
-//! Python has (reprs, an aval's short form, a dtype's name), and the jit key's items by name.
+//! Python has (reprs, a dtype's name), and the jit key's items by name.
 
-use fastpjit_core::dispatch::describe::{roots, static_paths, Item, LeafTexts};
+use fastpjit_core::dispatch::describe::{
+    roots, static_paths, Aspect, Description, LeafTexts, JIT_KEY,
+};
 use fastpjit_core::dispatch::ArgSignature;
 use numpy::npyffi::PY_ARRAY_API;
 use pyo3::prelude::*;
@@ -16,7 +18,7 @@ pub fn describe(
     h: &Handles,
     signature: &CallSignature,
     argnums: &[isize],
-) -> PyResult<Vec<Item>> {
+) -> PyResult<Description> {
     let reprs = |names: &[Py<PyAny>]| -> PyResult<Vec<String>> {
         names
             .iter()
@@ -24,38 +26,41 @@ pub fn describe(
             .collect()
     };
     let num_args = signature.num_args;
-    let dynamic = roots(num_args, argnums, &reprs(&signature.kwnames)?);
+    let kwnames = reprs(&signature.kwnames)?;
+    let static_names = reprs(&signature.static_names)?;
+    let dynamic = roots(num_args, argnums, &kwnames);
     let (tree, paths) = signature.tree.describe(py, &dynamic)?;
-    let mut items = Vec::with_capacity(paths.len() + 2);
+    let mut out = Description::default();
     for (path, leaf) in paths.into_iter().zip(&signature.leaves) {
-        items.push((path, leaf.describe(&leaf_texts(py, leaf)?)));
+        out.push_leaf(path, leaf, &leaf_texts(py, leaf)?);
     }
-    let statics = static_paths(num_args, argnums, &reprs(&signature.static_names)?);
+    let statics = static_paths(num_args, argnums, &static_names);
     for (path, value) in statics.into_iter().zip(&signature.statics) {
         let value = value.bind(py);
-        let text = format!(
-            "static {} ({})",
-            value.repr()?,
-            value.get_type().qualname()?
-        );
-        items.push((path, text));
+        let text = format!("{} ({})", value.repr()?, value.get_type().qualname()?);
+        out.push(path, Aspect::Static, text);
     }
-    items.push(("tree".to_owned(), tree));
+    out.push("tree".to_owned(), Aspect::Tree, tree);
+    if !(kwnames.is_empty() && static_names.is_empty()) {
+        let names: Vec<String> = kwnames
+            .into_iter()
+            .chain(static_names.into_iter().map(|n| format!("{n} (static)")))
+            .collect();
+        out.push("keywords".to_owned(), Aspect::Keywords, names.join(", "));
+    }
     for (name, value) in h.jit_key_names.iter().zip(signature.context.items(py)) {
-        items.push((format!("jit key: {name}"), value.repr()?.to_string()));
+        let text = value.repr()?.to_string();
+        out.push(format!("{JIT_KEY}{name}"), Aspect::JitKey, text);
     }
-    Ok(items)
+    Ok(out)
 }
 
-/// What only Python says of a leaf: an array's aval and sharding, a host value's dtype.
+/// What only Python says of a leaf: an array's dtype and sharding, a host value's dtype.
 fn leaf_texts(py: Python<'_>, leaf: &ArgSignature<Py<PyAny>>) -> PyResult<LeafTexts> {
     Ok(match leaf {
         ArgSignature::Array { aval, sharding, .. } => LeafTexts {
-            array: Some((
-                aval.bind(py).call_method0("str_short")?.to_string(),
-                sharding.bind(py).repr()?.to_string(),
-            )),
-            dtype: None,
+            dtype: aval.bind(py).getattr("dtype")?.str()?.to_string(),
+            sharding: sharding.bind(py).repr()?.to_string(),
         },
         ArgSignature::Host { dtype, .. } => {
             // SAFETY: numpy's API is loaded (the dispatcher read this leaf through it), and
@@ -65,13 +70,10 @@ fn leaf_texts(py: Python<'_>, leaf: &ArgSignature<Py<PyAny>>) -> PyResult<LeafTe
                 Bound::<PyAny>::from_owned_ptr_or_err(py, descr.cast())?
             };
             LeafTexts {
-                array: None,
-                dtype: Some(descr.to_string()),
+                dtype: descr.to_string(),
+                sharding: String::new(),
             }
         }
-        ArgSignature::Scalar(_) => LeafTexts {
-            array: None,
-            dtype: None,
-        },
+        ArgSignature::Scalar(_) => LeafTexts::default(),
     })
 }

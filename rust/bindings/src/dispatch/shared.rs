@@ -23,7 +23,7 @@ use super::signature::{self, holds_array, matches, CallSignature, LeafKey, LiveC
 use super::tree::Tree;
 use crate::handles::{handles, Handles};
 use crate::stats::{function_stats, FunctionStats};
-use fastpjit_core::dispatch::describe::Item;
+use fastpjit_core::dispatch::describe::{nearest, Description};
 
 /// What a cache entry holds once its miss has run. (Not boxed: a hit reads its entry on every
 /// call.)
@@ -33,6 +33,9 @@ pub enum Outcome {
     /// JAX runs such calls (effects, outputs that are not arrays, an active trace); why.
     Jax(Fallback),
 }
+
+/// A difference between signatures as Python reads it: `(what, path, call, cached)`.
+type DifferenceRow = (String, String, String, String);
 
 /// A cache entry: a signature, and what calls of it do once its miss has run (see the core's
 /// `EntryCache` for the single-compile protocol).
@@ -137,6 +140,27 @@ impl DispatchCache {
             Ok(()) => Ok(call),
             Err(why) => Err(why.fallback()),
         })
+    }
+
+    /// The description of the signature of a call of these arguments, without running it;
+    /// None where the call has none (JAX runs it).
+    fn description(
+        &self,
+        args: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<Option<Description>> {
+        let py = args.py();
+        let h = handles(py)?;
+        let latest = self.cache.latest();
+        let Ok(call) = self.read(py, h, args, kwargs, latest.as_ref())? else {
+            return Ok(None);
+        };
+        let Ok(hash) = call.hash()? else {
+            return Ok(None);
+        };
+        signature::keep(&call, hash)?
+            .map(|signature| describe(py, h, &signature, &self.statics.argnums))
+            .transpose()
     }
 
     /// Runs `f` on the latest call's arrays, taken out of their lock, which reading leaves
@@ -271,40 +295,46 @@ impl DispatchCache {
         }
     }
 
-    /// The description of the signature of a call of these arguments (see `describe`), without
-    /// running it; None where the call has none (JAX runs it).
+    /// The signature of a call of these arguments in words, one row per path (the flat leaves
+    /// first, in JAX's order; see `describe`), without running it; None where the call has
+    /// none (JAX runs it).
     #[pyo3(name = "_describe", signature = (*args, **kwargs))]
-    fn describe_call<'py>(
+    fn describe_call(
         &self,
-        args: &Bound<'py, PyTuple>,
-        kwargs: Option<&Bound<'py, PyDict>>,
-    ) -> PyResult<Option<Vec<Item>>> {
-        let py = args.py();
-        let h = handles(py)?;
-        let latest = self.cache.latest();
-        let Ok(call) = self.read(py, h, args, kwargs, latest.as_ref())? else {
-            return Ok(None);
-        };
-        let Ok(hash) = call.hash()? else {
-            return Ok(None);
-        };
-        signature::keep(&call, hash)?
-            .map(|signature| describe(py, h, &signature, &self.statics.argnums))
-            .transpose()
+        args: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<Option<Vec<(String, String)>>> {
+        Ok(self.description(args, kwargs)?.map(|d| d.rows))
     }
 
-    /// The descriptions of the signatures cached whose misses have run.
-    #[pyo3(name = "_cached_descriptions")]
-    fn cached_descriptions(&self, py: Python<'_>) -> PyResult<Vec<Vec<Item>>> {
+    /// What differs between the signature of a call of these arguments and the cached
+    /// signature nearest to it, as `(what, path, call, cached)`, without running it; None
+    /// where the call has no signature or no miss has run.
+    #[pyo3(name = "_differences", signature = (*args, **kwargs))]
+    fn differences(
+        &self,
+        args: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<Option<Vec<DifferenceRow>>> {
+        let py = args.py();
+        let Some(call) = self.description(args, kwargs)? else {
+            return Ok(None);
+        };
         let h = handles(py)?;
-        let mut out = Vec::new();
-        self.cache.try_for_each(|cached| {
-            if cached.outcome().is_some() {
-                out.push(describe(py, h, &cached.signature, &self.statics.argnums)?);
+        let mut cached = Vec::new();
+        self.cache.try_for_each(|entry| {
+            if entry.outcome().is_some() {
+                cached.push(describe(py, h, &entry.signature, &self.statics.argnums)?.items);
             }
             Ok::<_, PyErr>(())
         })?;
-        Ok(out)
+        let found = nearest(&call.items, cached.iter().map(Vec::as_slice));
+        Ok(found.map(|found| {
+            found
+                .into_iter()
+                .map(|d| (d.what, d.path, d.call, d.cached))
+                .collect()
+        }))
     }
 
     /// Forgets the cache entries whose flat leaves have `shapes` (in any order), and bound

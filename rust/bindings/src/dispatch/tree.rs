@@ -211,6 +211,24 @@ impl core_describe::Texts<PyHandles> for Live<'_> {
     fn name(&self, name: &Py<PyString>) -> PyResult<String> {
         Ok(name.bind(self.0).to_string())
     }
+
+    /// A `NamedTuple`'s fields: JAX's node for one holds the type itself as its data.
+    fn fields(
+        &self,
+        kind: &Py<PyType>,
+        data: &Py<PyAny>,
+        arity: usize,
+    ) -> PyResult<Option<Vec<String>>> {
+        let kind = kind.bind(self.0);
+        if !data.is(kind) || !kind.is_subclass_of::<PyTuple>()? {
+            return Ok(None);
+        }
+        let Ok(fields) = kind.getattr("_fields") else {
+            return Ok(None);
+        };
+        let fields: Vec<String> = fields.extract().unwrap_or_default();
+        Ok((fields.len() == arity).then_some(fields))
+    }
 }
 
 /// Appends the nodes and leaves of `value`, a node `depth` containers deep; why not if it
