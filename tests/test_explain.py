@@ -112,7 +112,7 @@ def test_a_miss_on_a_sharding_a_static_value_x64_and_a_mesh_context(mesh):
         differences = unchanged(f, rows, rows, n=3).differences
     # The items of the jit key that hold the mesh (which, depends on the JAX line).
     assert differences and all(d.path == "jit key" for d in differences)
-    assert any("'x': 2, 'y': 4" in d.call and d.cached == "None" for d in differences)
+    assert any("'x': 2, 'y': 4" in d.call and "'x'" not in d.cached for d in differences)
 
 
 def test_a_miss_names_the_jit_key_item_that_differs():
