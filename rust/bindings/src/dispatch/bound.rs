@@ -22,7 +22,7 @@ use super::context::LiveContext;
 use super::function::JitFunction;
 use super::leaf::LiveLeaf;
 use super::shared::{Cached, Outcome};
-use super::signature::{is_key_of, is_positional_under, same_leaf};
+use super::signature::{is_key_of, is_positional_under, PyCompare};
 use super::tree::Tree;
 use crate::errors::{refusal, DispatchError};
 use crate::handles::{handles, Handles};
@@ -327,7 +327,7 @@ impl JitFunction {
                 h.is_array(leaf) && is_key_of(key, h, leaf)?
             } else {
                 match LiveLeaf::read(h, leaf)? {
-                    Some(live) => same_leaf(key, &live, leaf)?,
+                    Some(live) => key.holds(&PyCompare::leaves(py), &live.as_arg(leaf))?,
                     None => false,
                 }
             };

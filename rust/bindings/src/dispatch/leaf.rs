@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use fastpjit_core::dispatch::memo::LeafMemo;
 use fastpjit_core::dispatch::seen::SeenArrays as Remembered;
+use fastpjit_core::dispatch::signature::LiveArg;
 pub use fastpjit_core::dispatch::{AvalValue, DtypeKey, HostKind, ScalarKind, ShardingId};
 use fastpjit_core::dispatch::{Descr, SEEN_POSITIONS};
 use numpy::{PyArrayDescr, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
@@ -48,6 +49,27 @@ pub enum LiveLeaf<'py> {
 }
 
 impl<'py> LiveLeaf<'py> {
+    /// The leaf `leaf`, read as this, as a kept signature compares it.
+    pub fn as_arg<'a>(&'a self, leaf: &'a Bound<'py, PyAny>) -> LiveArg<'a, Bound<'py, PyAny>> {
+        match self {
+            Self::Array {
+                aval,
+                sharding,
+                committed,
+            } => LiveArg::Array {
+                aval,
+                sharding,
+                committed: *committed,
+            },
+            Self::Host { dtype, kind, .. } => LiveArg::Host {
+                dtype: *dtype,
+                kind: *kind,
+                shape: host_shape(leaf),
+            },
+            Self::Scalar(kind) => LiveArg::Scalar(*kind),
+        }
+    }
+
     /// Reads `leaf`; None for a value the dispatcher does not key (a tracer, a PRNG key array,
     /// an object JAX rejects), which JAX's own path handles.
     pub fn read(h: &Handles, leaf: &Bound<'py, PyAny>) -> PyResult<Option<Self>> {

@@ -19,7 +19,7 @@ use super::context::LiveContext;
 use super::describe::describe;
 use super::entry::Entry;
 use super::leaf::{LiveLeaf, SeenArrays};
-use super::signature::{self, holds_array, matches, CallSignature, LeafKey, LiveCall, StaticArgs};
+use super::signature::{self, matches, CallSignature, LeafKey, LiveCall, PyCompare, StaticArgs};
 use super::tree::Tree;
 use crate::handles::{handles, Handles};
 use crate::stats::{function_stats, FunctionStats};
@@ -244,7 +244,7 @@ impl DispatchCache {
                 else {
                     return Ok(false);
                 };
-                if !holds_array(key, &aval, &sharding)? {
+                if !key.holds_array(&PyCompare::leaves(aval.py()), &aval, &sharding)? {
                     return Ok(false);
                 }
             }

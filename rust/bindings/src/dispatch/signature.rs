@@ -12,9 +12,11 @@ use std::borrow::Cow;
 use std::sync::Arc;
 
 use fastpjit_core::dispatch::route::is_static_position;
-use fastpjit_core::dispatch::{self, ArgSignature, SignatureHasher, Unkeyable};
+use fastpjit_core::dispatch::signature::{Compare, LiveSignature};
+use fastpjit_core::dispatch::{
+    self, ArgSignature, AvalValue, ShardingId, SignatureHasher, Unkeyable,
+};
 
-use numpy::{PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::PyTypeError;
 use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
@@ -216,6 +218,62 @@ pub type LeafKey = ArgSignature<Py<PyAny>>;
 /// The signature that a cache entry keeps.
 pub type CallSignature = dispatch::CallSignature<Py<PyAny>, Tree, Context>;
 
+/// The comparisons of a kept signature with a live call that only Python makes (see the
+/// core's `Compare`), under the live call's jit key.
+pub struct PyCompare<'a, 'py> {
+    py: Python<'py>,
+    context: Option<&'a LiveContext<'py>>,
+}
+
+impl<'a, 'py> PyCompare<'a, 'py> {
+    /// For a call under `context`.
+    pub fn under(context: &'a LiveContext<'py>) -> Self {
+        Self {
+            py: context.py(),
+            context: Some(context),
+        }
+    }
+
+    /// For leaves alone: no jit key is compared.
+    pub fn leaves(py: Python<'py>) -> Self {
+        Self { py, context: None }
+    }
+}
+
+impl<'py> Compare<Py<PyAny>, Tree, Context> for PyCompare<'_, 'py> {
+    type Object = Bound<'py, PyAny>;
+    type Name = Bound<'py, PyString>;
+    type Error = PyErr;
+
+    fn is(&self, kept: &Py<PyAny>, live: &Bound<'py, PyAny>) -> bool {
+        kept.is(live)
+    }
+
+    fn same_name(&self, kept: &Py<PyAny>, live: &Bound<'py, PyString>) -> bool {
+        kept.is(live) || kept.bind(self.py).eq(live).unwrap_or(false)
+    }
+
+    fn same_static(&self, kept: &Py<PyAny>, live: &Bound<'py, PyAny>) -> PyResult<bool> {
+        same_static(kept.bind(self.py), live)
+    }
+
+    fn same_tree(&self, kept: &Tree, live: &Tree) -> PyResult<bool> {
+        kept.same(self.py, live)
+    }
+
+    fn same_context(&self, kept: &Context) -> bool {
+        self.context.is_some_and(|context| context.is(kept))
+    }
+
+    fn aval_value(&self, aval: &Bound<'py, PyAny>) -> PyResult<Option<Arc<AvalValue>>> {
+        aval_value(aval)
+    }
+
+    fn sharding_id(&self, sharding: &Bound<'py, PyAny>) -> PyResult<ShardingId> {
+        sharding_id(sharding)
+    }
+}
+
 /// Whether `array`, a `jax.Array`, has the key `key`: its aval, sharding and commitment.
 pub fn is_key_of(key: &LeafKey, h: &Handles, array: &Bound<'_, PyAny>) -> PyResult<bool> {
     let LeafKey::Array { committed, .. } = key else {
@@ -224,30 +282,8 @@ pub fn is_key_of(key: &LeafKey, h: &Handles, array: &Bound<'_, PyAny>) -> PyResu
     let py = array.py();
     let aval = h.arrays.array_aval.bind(py).call1((array,))?;
     let sharding = h.arrays.array_sharding.bind(py).call1((array,))?;
-    Ok(holds_array(key, &aval, &sharding)?
+    Ok(key.holds_array(&PyCompare::leaves(py), &aval, &sharding)?
         && h.array_committed.bind(py).call1((array,))?.is_truthy()? == *committed)
-}
-
-/// Whether `key` is the key of an array of `aval` and `sharding` (commitment aside):
-/// compared by identity first, by value on a miss.
-pub fn holds_array(
-    key: &LeafKey,
-    live_aval: &Bound<'_, PyAny>,
-    live_sharding: &Bound<'_, PyAny>,
-) -> PyResult<bool> {
-    let LeafKey::Array {
-        aval,
-        value,
-        sharding,
-        sharding_id: id,
-        ..
-    } = key
-    else {
-        return Ok(false);
-    };
-    Ok((aval.is(live_aval)
-        || aval_value(live_aval)?.is_some_and(|live| live.as_ref() == value.as_ref()))
-        && (sharding.is(live_sharding) || sharding_id(live_sharding)? == *id))
 }
 
 /// The signature of `call`, whose hash is `hash`; None if a leaf's aval is not one the key
@@ -306,35 +342,22 @@ pub fn is_positional_under(
     signature.is_positional(num_args) && context.is(&signature.context)
 }
 
-/// Whether `call` has `signature`. Raises JAX's error where comparing static arguments
-/// raises.
+/// Whether `call` has `signature` (see the core's `CallSignature::matches`). Raises JAX's
+/// error where comparing static arguments raises.
 pub fn matches(signature: &CallSignature, call: &LiveCall<'_, '_>) -> PyResult<bool> {
-    let py = call.context.py();
-    if !signature.has_counts(
-        call.num_args,
-        call.keys.len(),
-        call.kwnames.len(),
-        call.statics.len(),
-        call.static_names.len(),
-    ) || !same_names(&signature.kwnames, &call.kwnames)
-        || !same_names(&signature.static_names, &call.static_names)
-    {
-        return Ok(false);
-    }
-    if !(Arc::ptr_eq(&signature.tree, &call.tree) || signature.tree.same(py, &call.tree)?) {
-        return Ok(false);
-    }
-    for ((kept, key), leaf) in signature.leaves.iter().zip(&call.keys).zip(call.leaves()) {
-        if !same_leaf(kept, key, leaf)? {
-            return Ok(false);
-        }
-    }
-    for (kept, value) in signature.statics.iter().zip(&call.statics) {
-        if !same_static(kept.bind(py), value)? {
-            return Ok(false);
-        }
-    }
-    Ok(call.context.is(&signature.context))
+    let live = LiveSignature {
+        num_args: call.num_args,
+        kwnames: &call.kwnames,
+        statics: &call.statics,
+        static_names: &call.static_names,
+        tree: &call.tree,
+        leaves: call
+            .keys
+            .iter()
+            .zip(call.leaves())
+            .map(|(k, l)| k.as_arg(l)),
+    };
+    signature.matches(&PyCompare::under(&call.context), live)
 }
 
 /// Visits the caller's objects that `signature` holds: static arguments and the tree's.
@@ -343,42 +366,6 @@ pub fn traverse(signature: &CallSignature, visit: &PyVisit<'_>) -> Result<(), Py
         visit.call(value)?;
     }
     signature.tree.traverse(visit)
-}
-
-fn same_names(kept: &[Py<PyAny>], names: &[Bound<'_, PyString>]) -> bool {
-    kept.len() == names.len()
-        && kept
-            .iter()
-            .zip(names)
-            .all(|(a, b)| a.is(b) || a.bind(b.py()).eq(b).unwrap_or(false))
-}
-
-/// Whether `leaf`, read as `key`, has the key `kept`.
-pub fn same_leaf(kept: &LeafKey, key: &LiveLeaf<'_>, leaf: &Bound<'_, PyAny>) -> PyResult<bool> {
-    Ok(match (kept, key) {
-        (
-            LeafKey::Array { committed, .. },
-            LiveLeaf::Array {
-                aval: live_aval,
-                sharding: live_sharding,
-                committed: live_committed,
-            },
-        ) => committed == live_committed && holds_array(kept, live_aval, live_sharding)?,
-        (
-            LeafKey::Host { dtype, kind, shape },
-            LiveLeaf::Host {
-                dtype: live_dtype,
-                kind: live_kind,
-                ..
-            },
-        ) => {
-            dtype == live_dtype
-                && kind == live_kind
-                && leaf.cast::<PyUntypedArray>().map_or(&[][..], |a| a.shape()) == &shape[..]
-        }
-        (LeafKey::Scalar(kind), LiveLeaf::Scalar(live)) => kind == live,
-        _ => false,
-    })
 }
 
 /// Binding logic that reads Python objects, tested with the project's interpreter (`make

@@ -160,6 +160,100 @@ impl<H> ArgSignature<H> {
     }
 }
 
+/// A live leaf as the caller read it, borrowed: what a kept `ArgSignature` is compared with.
+/// `O` is a live object.
+pub enum LiveArg<'a, O> {
+    Array {
+        aval: &'a O,
+        sharding: &'a O,
+        committed: bool,
+    },
+    Host {
+        dtype: DtypeKey,
+        kind: HostKind,
+        shape: &'a [usize],
+    },
+    Scalar(ScalarKind),
+}
+
+/// What comparing a kept signature with a live call asks of the caller: the comparisons of
+/// objects that only Python can make. `H` is a kept handle, `T` a tree, `C` a jit key.
+pub trait Compare<H, T, C> {
+    /// A live object: an aval, a sharding, a static argument.
+    type Object;
+    /// A live keyword or static argument name.
+    type Name;
+    type Error;
+    /// Whether `kept` is `live` itself.
+    fn is(&self, kept: &H, live: &Self::Object) -> bool;
+    /// Whether two names are equal: the same object, or `==`.
+    fn same_name(&self, kept: &H, live: &Self::Name) -> bool;
+    /// Whether two static arguments are equal as JAX compares them: the same type, then `==`.
+    fn same_static(&self, kept: &H, live: &Self::Object) -> Result<bool, Self::Error>;
+    /// Whether two trees are equal (node data and dict keys compared by `==`).
+    fn same_tree(&self, kept: &T, live: &T) -> Result<bool, Self::Error>;
+    /// Whether the live call's jit key is `kept`.
+    fn same_context(&self, kept: &C) -> bool;
+    /// A live aval's value; None for an aval that a key does not hold.
+    fn aval_value(&self, aval: &Self::Object) -> Result<Option<Arc<AvalValue>>, Self::Error>;
+    /// A live sharding's value.
+    fn sharding_id(&self, sharding: &Self::Object) -> Result<ShardingId, Self::Error>;
+}
+
+impl<H> ArgSignature<H> {
+    /// Whether this is the key of an array of `aval` and `sharding` (commitment aside):
+    /// compared by identity first, by value where identity differs.
+    pub fn holds_array<T, C, X: Compare<H, T, C>>(
+        &self,
+        x: &X,
+        live_aval: &X::Object,
+        live_sharding: &X::Object,
+    ) -> Result<bool, X::Error> {
+        let Self::Array {
+            aval,
+            value,
+            sharding,
+            sharding_id,
+            ..
+        } = self
+        else {
+            return Ok(false);
+        };
+        Ok((x.is(aval, live_aval)
+            || x.aval_value(live_aval)?
+                .is_some_and(|live| *live == **value))
+            && (x.is(sharding, live_sharding) || x.sharding_id(live_sharding)? == *sharding_id))
+    }
+
+    /// Whether the live leaf `live` has this key.
+    pub fn holds<T, C, X: Compare<H, T, C>>(
+        &self,
+        x: &X,
+        live: &LiveArg<'_, X::Object>,
+    ) -> Result<bool, X::Error> {
+        Ok(match (self, live) {
+            (
+                Self::Array { committed, .. },
+                LiveArg::Array {
+                    aval,
+                    sharding,
+                    committed: live_committed,
+                },
+            ) => committed == live_committed && self.holds_array(x, aval, sharding)?,
+            (
+                Self::Host { dtype, kind, shape },
+                LiveArg::Host {
+                    dtype: live_dtype,
+                    kind: live_kind,
+                    shape: live_shape,
+                },
+            ) => dtype == live_dtype && kind == live_kind && shape[..] == **live_shape,
+            (Self::Scalar(kind), LiveArg::Scalar(live)) => kind == live,
+            _ => false,
+        })
+    }
+}
+
 /// Whether `leaves` have the shapes `shapes`, in any order: a call that compile options for a
 /// shape bucket may apply to. Compile options registered for a bucket forget the cache entries
 /// that this picks; it may pick entries of other buckets too (dtypes, trees and static
@@ -218,6 +312,17 @@ impl SignatureHasher {
     }
 }
 
+/// A live call as a kept signature compares it: its counts and names, static arguments, tree
+/// and leaves (`I`, read as they are compared).
+pub struct LiveSignature<'a, N, O, T, I> {
+    pub num_args: usize,
+    pub kwnames: &'a [N],
+    pub statics: &'a [O],
+    pub static_names: &'a [N],
+    pub tree: &'a Arc<T>,
+    pub leaves: I,
+}
+
 /// The signature that a cache entry keeps: `H` for the objects only Python compares, `T` the
 /// tree of the dynamic arguments, `C` JAX's jit key.
 pub struct CallSignature<H, T, C> {
@@ -273,6 +378,48 @@ impl<H, T, C> CallSignature<H, T, C> {
             && self.kwnames.is_empty()
             && self.statics.is_empty()
             && self.static_names.is_empty()
+    }
+
+    /// Whether `call` has this signature: the counts and names first, then the tree, each
+    /// leaf, each static argument (JAX's error where comparing them raises), the jit key.
+    pub fn matches<'a, X, I>(
+        &self,
+        x: &X,
+        call: LiveSignature<'a, X::Name, X::Object, T, I>,
+    ) -> Result<bool, X::Error>
+    where
+        X: Compare<H, T, C>,
+        X::Object: 'a,
+        I: ExactSizeIterator<Item = LiveArg<'a, X::Object>>,
+    {
+        let same_names = |kept: &[H], live: &[X::Name]| {
+            kept.len() == live.len() && kept.iter().zip(live).all(|(a, b)| x.same_name(a, b))
+        };
+        if !self.has_counts(
+            call.num_args,
+            call.leaves.len(),
+            call.kwnames.len(),
+            call.statics.len(),
+            call.static_names.len(),
+        ) || !same_names(&self.kwnames, call.kwnames)
+            || !same_names(&self.static_names, call.static_names)
+        {
+            return Ok(false);
+        }
+        if !(Arc::ptr_eq(&self.tree, call.tree) || x.same_tree(&self.tree, call.tree)?) {
+            return Ok(false);
+        }
+        for (kept, live) in self.leaves.iter().zip(call.leaves) {
+            if !kept.holds(x, &live)? {
+                return Ok(false);
+            }
+        }
+        for (kept, value) in self.statics.iter().zip(call.statics) {
+            if !x.same_static(kept, value)? {
+                return Ok(false);
+            }
+        }
+        Ok(x.same_context(&self.context))
     }
 
     /// Whether a call of these counts may have this signature, before anything is compared.
@@ -473,5 +620,191 @@ mod tests {
             kept.hash_into(&mut from_kept);
             prop_assert_eq!(live.finish(), from_kept.finish());
         }
+    }
+
+    /// Objects are strings, `is` is the same string in memory, and an object's value is
+    /// its text up to a `#` (so `a#1` and `a#2` are other objects of one value).
+    struct Plain {
+        context: u32,
+    }
+
+    fn value_of(object: &str) -> &str {
+        object.split('#').next().unwrap_or(object)
+    }
+
+    impl Compare<&'static str, String, u32> for Plain {
+        type Object = &'static str;
+        type Name = &'static str;
+        type Error = String;
+
+        fn is(&self, kept: &&'static str, live: &&'static str) -> bool {
+            std::ptr::eq(*kept, *live)
+        }
+
+        fn same_name(&self, kept: &&'static str, live: &&'static str) -> bool {
+            kept == live
+        }
+
+        fn same_static(&self, kept: &&'static str, live: &&'static str) -> Result<bool, String> {
+            if *live == "raises" {
+                return Err("== raised".into());
+            }
+            Ok(value_of(kept) == value_of(live))
+        }
+
+        fn same_tree(&self, kept: &String, live: &String) -> Result<bool, String> {
+            Ok(kept == live)
+        }
+
+        fn same_context(&self, kept: &u32) -> bool {
+            *kept == self.context
+        }
+
+        fn aval_value(&self, aval: &&'static str) -> Result<Option<Arc<AvalValue>>, String> {
+            let dims = value_of(aval).split('x').map(|d| d.parse().unwrap_or(-1));
+            Ok(Some(Arc::new(AvalValue::new(F32, dims.collect(), false))))
+        }
+
+        fn sharding_id(&self, sharding: &&'static str) -> Result<ShardingId, String> {
+            Ok(value_of(sharding).len() as ShardingId)
+        }
+    }
+
+    fn kept_array(aval: &'static str, sharding: &'static str) -> ArgSignature<&'static str> {
+        let Ok(Some(value)) = Plain { context: 0 }.aval_value(&aval) else {
+            unreachable!()
+        };
+        ArgSignature::Array {
+            aval,
+            value,
+            sharding,
+            sharding_id: value_of(sharding).len() as ShardingId,
+            committed: false,
+        }
+    }
+
+    #[test]
+    fn a_leaf_holds_live_objects_by_identity_or_by_value() {
+        let x = Plain { context: 0 };
+        let (aval, sharding) = ("4x2#1", "rows#1");
+        let key = kept_array(aval, sharding);
+        let live = |aval, sharding, committed| LiveArg::Array {
+            aval,
+            sharding,
+            committed,
+        };
+        assert_eq!(key.holds(&x, &live(&aval, &sharding, false)), Ok(true));
+        // Other objects of equal values.
+        assert_eq!(key.holds(&x, &live(&"4x2#2", &"rows#2", false)), Ok(true));
+        // Another shape, sharding or commitment.
+        assert_eq!(key.holds(&x, &live(&"8x2", &sharding, false)), Ok(false));
+        assert_eq!(key.holds(&x, &live(&aval, &"columns", false)), Ok(false));
+        assert_eq!(key.holds(&x, &live(&aval, &sharding, true)), Ok(false));
+        // Host values by dtype, kind and shape; scalars by kind; kinds apart.
+        let host = ArgSignature::<&str>::Host {
+            dtype: F32,
+            kind: HostKind::Array,
+            shape: [2, 3].into(),
+        };
+        let live_host = |shape| LiveArg::Host {
+            dtype: F32,
+            kind: HostKind::Array,
+            shape,
+        };
+        assert_eq!(host.holds(&x, &live_host(&[2, 3])), Ok(true));
+        assert_eq!(host.holds(&x, &live_host(&[3, 2])), Ok(false));
+        let scalar = ArgSignature::<&str>::Scalar(ScalarKind::Float);
+        assert_eq!(
+            scalar.holds(&x, &LiveArg::Scalar(ScalarKind::Float)),
+            Ok(true)
+        );
+        assert_eq!(
+            scalar.holds(&x, &LiveArg::Scalar(ScalarKind::Int)),
+            Ok(false)
+        );
+        assert_eq!(
+            key.holds(&x, &LiveArg::Scalar(ScalarKind::Float)),
+            Ok(false)
+        );
+    }
+
+    #[test]
+    fn a_call_matches_a_signature_in_every_part_or_not_at_all() {
+        let tree = Arc::new("(*, *)".to_owned());
+        let signature = CallSignature::new(
+            0,
+            2,
+            vec!["b"],
+            vec!["3#kept"],
+            vec!["n"],
+            Arc::clone(&tree),
+            false,
+            vec![
+                kept_array("4", "rows"),
+                ArgSignature::Scalar(ScalarKind::Int),
+            ],
+            7u32,
+        );
+        let leaves = || {
+            [
+                LiveArg::Array {
+                    aval: &"4#live",
+                    sharding: &"rows#live",
+                    committed: false,
+                },
+                LiveArg::Scalar(ScalarKind::Int),
+            ]
+            .into_iter()
+        };
+        let other_tree = Arc::new("(*, [*])".to_owned());
+        let call = |kwnames, statics, tree| LiveSignature {
+            num_args: 2,
+            kwnames,
+            statics,
+            static_names: &["n"],
+            tree,
+            leaves: leaves(),
+        };
+        let x = Plain { context: 7 };
+        assert_eq!(
+            signature.matches(&x, call(&["b"], &["3#live"], &tree)),
+            Ok(true)
+        );
+        // A tree equal by value, not the same one.
+        let equal_tree = Arc::new("(*, *)".to_owned());
+        assert_eq!(
+            signature.matches(&x, call(&["b"], &["3"], &equal_tree)),
+            Ok(true)
+        );
+        assert_eq!(
+            signature.matches(&x, call(&["c"], &["3"], &tree)),
+            Ok(false)
+        );
+        assert_eq!(
+            signature.matches(&x, call(&["b"], &["4"], &tree)),
+            Ok(false)
+        );
+        assert_eq!(
+            signature.matches(&x, call(&["b"], &["3"], &other_tree)),
+            Ok(false)
+        );
+        assert_eq!(signature.matches(&x, call(&["b"], &[], &tree)), Ok(false));
+        let other_key = Plain { context: 8 };
+        assert_eq!(
+            signature.matches(&other_key, call(&["b"], &["3"], &tree)),
+            Ok(false)
+        );
+        // Comparing static arguments raises where `==` raises.
+        assert!(signature
+            .matches(&x, call(&["b"], &["raises"], &tree))
+            .is_err());
+        // A leaf of another kind.
+        let mut fewer = call(&["b"], &["3"], &tree);
+        fewer.leaves = [
+            LiveArg::Scalar(ScalarKind::Int),
+            LiveArg::Scalar(ScalarKind::Int),
+        ]
+        .into_iter();
+        assert_eq!(signature.matches(&x, fewer), Ok(false));
     }
 }
