@@ -206,7 +206,7 @@ def test_an_example_that_is_no_array_raises_type_error_naming_it():
 
 
 def test_the_log_notes_a_signature_s_latest_options():
-    log = warm_start.SignatureLog()
+    log = warm_start.SignatureLog(fastpjit._core.DispatchCache("f", [], []))
     log.note((DECODE,), {}, {"a": 1})
     log.note((DECODE,), {}, {"a": 2})
     log.note((PREFILL,), {})

@@ -1136,7 +1136,7 @@ def bounded_jit(fun: Any, capacity: int) -> Any:
     jitted = jax.jit(fun)
     cache = fastpjit._core.DispatchCache("bounded", [], [], capacity=capacity)
     wrapped = jit_module.JitWrapped(jitted, functools.partial(jit_cache_miss, jitted), cache)
-    caches = FunctionCaches(cache, SignatureLog(), SignatureOptions(cache, ((), ()), None))
+    caches = FunctionCaches(cache, SignatureLog(cache), SignatureOptions(cache, ((), ()), None))
     wrapped._jax_function = jit_module._JaxFunction(lambda: jitted, caches, made=jitted)
     return wrapped
 

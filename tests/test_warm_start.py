@@ -29,9 +29,21 @@ def mesh():
     return jax.make_mesh((2, 4), ("x", "y"))
 
 
+def describe(args, kwargs=None, statics=(), static_names=()):
+    """The signature of a call of a function with these static arguments."""
+    dispatch = fastpjit._core.DispatchCache("f", list(statics), list(static_names))
+    return warm_start.describe_call(dispatch, args, kwargs or {})
+
+
+def new_log(statics=(), **options):
+    """The signature log of a function with these static argument positions."""
+    dispatch = fastpjit._core.DispatchCache("f", list(statics), [])
+    return warm_start.SignatureLog(dispatch, (statics, ()), **options)
+
+
 def roundtrip(args, kwargs=None, statics=(), static_names=()):
     """The call's signature through JSON and back to arguments."""
-    signature = warm_start.describe_call(args, kwargs or {}, set(statics), set(static_names))
+    signature = describe(args, kwargs, statics, static_names)
     signature = json.loads(json.dumps(signature))
     warm_start.check._Checker().signature(signature, "signature")
     return warm_start.replay._Rebuilder().call(signature)
@@ -76,7 +88,7 @@ def test_statics_and_keyword_arguments_rebuild_equal(mesh):
     args = (
         np.ones(2),
         (1, "a", None, 2.5, True),
-        [3, (4,)],
+        (3, (4,)),
         np.dtype("float32"),
         np.int8,
         jnp.bfloat16,
@@ -92,7 +104,7 @@ def test_statics_and_keyword_arguments_rebuild_equal(mesh):
 @pytest.mark.parametrize("value", [object(), float("nan"), frozenset({1}), b"bytes"])
 def test_a_static_that_is_no_json_value_is_unrecordable(value):
     with pytest.raises(warm_start.Unrecordable, match="static"):
-        warm_start.describe_call((value,), {}, {0}, set())
+        describe((value,), statics=(0,))
 
 
 class Moments(NamedTuple):
@@ -148,11 +160,11 @@ def test_named_tuples_rebuild_as_the_same_types(mesh):
 def test_pytree_nodes_a_record_cannot_name_are_unrecordable():
     Local = collections.namedtuple("Local", "a")
     with pytest.raises(warm_start.Unrecordable, match="a pytree node of type Custom"):
-        warm_start.describe_call((Custom(1),), {}, set(), set())
+        describe((Custom(1),))
     with pytest.raises(warm_start.Unrecordable, match="Local that another process cannot find"):
-        warm_start.describe_call((Local(1),), {}, set(), set())
+        describe((Local(1),))
     with pytest.raises(warm_start.Unrecordable, match="FirstOnly, not made of its fields"):
-        warm_start.describe_call((FirstOnly(jnp.ones(2), 3),), {}, set(), set())
+        describe((FirstOnly(jnp.ones(2), 3),))
 
 
 def named(name, fields, children):
@@ -173,7 +185,7 @@ def test_a_replay_finds_named_tuples_without_running_a_module_s_code(monkeypatch
 
 
 def test_a_named_tuple_this_process_lacks_or_changed_is_skipped():
-    leaf = warm_start.describe._node(1.0)
+    leaf = {"leaf": {"kind": "float"}}
     for name, fields, words in [
         (
             "not_imported_anywhere:Moments",
@@ -189,7 +201,7 @@ def test_a_named_tuple_this_process_lacks_or_changed_is_skipped():
 
 
 def test_a_log_is_bounded_and_counts_what_it_cannot_hold():
-    log = warm_start.SignatureLog(((1,), ()), capacity=3)
+    log = new_log((1,), capacity=3)
     for n in range(5):
         log.note((np.ones(n), 1), {})
     log.note((np.ones(4), 1), {})
@@ -200,12 +212,12 @@ def test_a_log_is_bounded_and_counts_what_it_cannot_hold():
 
 
 def test_a_log_keeps_signatures_apart_as_json_does_and_holds_no_copy_of_a_static():
-    log = warm_start.SignatureLog(((1,), ()))
-    for static in (1, 1.0, True, "1", [1], None):
+    log = new_log((1,))
+    for static in (1, 1.0, True, "1", (1,), None):
         log.note((np.ones(2), static), {})
     log.note((np.ones(2), 1), {})  # the same signature again
     statics = [s["args"][1]["static"] for s in log.signatures()]
-    assert statics == [1.0, True, "1", {"list": [1]}, None, 1]
+    assert statics == [1.0, True, "1", {"tuple": [1]}, None, 1]
     assert [type(v) for v in statics] == [float, bool, str, dict, type(None), int]
     # A large static argument is held, not copied (as JAX's cache holds it).
     big = "x" * 10_000_000
@@ -230,7 +242,7 @@ def a_record(**changes):
         "functions": {
             "f": {
                 "unrecordable": {},
-                "signatures": [warm_start.describe_call((np.ones(2), 1), {}, set(), set())],
+                "signatures": [describe((np.ones(2), 1))],
             }
         },
     }
@@ -542,7 +554,7 @@ def test_a_path_that_is_no_regular_file_is_refused_at_once(tmp_path):
 
 def signatures_of(*calls, statics=()):
     """A record of `f` with the signature of each call."""
-    signatures = [warm_start.describe_call(args, {}, set(statics), set()) for args in calls]
+    signatures = [describe(args, statics=statics) for args in calls]
     return a_record(functions={"f": {"unrecordable": {}, "signatures": signatures}})
 
 
@@ -575,14 +587,14 @@ def test_a_signature_that_fails_at_replay_is_skipped_and_the_replay_goes_on(tmp_
         return x * n
 
     f = fastpjit.jit(g, static_argnums=1)
-    good = warm_start.describe_call((np.ones(2, np.float32), 2), {}, {1}, set())
-    three = warm_start.describe_call((np.ones(2, np.float32), 2, 3), {}, {1}, set())
+    good = describe((np.ones(2, np.float32), 2), statics=(1,))
+    three = describe((np.ones(2, np.float32), 2, 3), statics=(1,))
     # A string static in a dynamic slot, and a dynamic argument in a static one.
-    text = warm_start.describe_call(("s", 2), {}, {0, 1}, set())
-    dynamic = warm_start.describe_call((np.ones(2, np.float32), 2), {}, set(), set())
-    int4 = warm_start.describe_call((np.ones(2, np.float32), 2), {}, {1}, set())
+    text = describe(("s", 2), statics=(0, 1))
+    dynamic = describe((np.ones(2, np.float32), 2))
+    int4 = describe((np.ones(2, np.float32), 2), statics=(1,))
     int4["args"][0]["leaf"]["dtype"] = "int4"
-    other = warm_start.describe_call((np.ones(3, np.float32), 4), {}, {1}, set())
+    other = describe((np.ones(3, np.float32), 4), statics=(1,))
     signatures = [good, three, text, dynamic, int4, other]
     record = a_record(functions={"f": {"unrecordable": {}, "signatures": signatures}})
     path = write(tmp_path, record)
@@ -604,8 +616,9 @@ import fastpjit
 from fastpjit import warm_start
 import json
 
+dispatch = fastpjit._core.DispatchCache("f", [], [])
 signatures = [
-    warm_start.describe_call((np.ones((n,), np.float32),), {}, set(), set())
+    warm_start.describe_call(dispatch, (np.ones((n,), np.float32),), {})
     for n in range(1, 301)
 ]
 record = {

@@ -112,7 +112,7 @@ def compile_hlo(
 def _function(program: _Program) -> HloFunction:
     # A bad argument's error shows the caller's frame, not fastpjit's checks.
     cache = _core.DispatchCache(program.name, [], [], capacity=_CACHE_CAPACITY, context=False)
-    log = SignatureLog()
+    log = SignatureLog(cache)
     function = HloFunction(
         api.api_boundary(program.run), api.api_boundary(log.noting(program.miss)), cache
     )

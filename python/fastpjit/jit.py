@@ -247,7 +247,7 @@ class Compiled(Bindable, _core.JitFunction):
         """`compiled` (JAX's) of the function `fun` (or of no function known), as fastpjit
         calls it."""
         cache = dispatch_cache(compiled if fun is None else fun, [], [])
-        log = SignatureLog()
+        log = SignatureLog(cache)
         miss = _jax.api_boundary(log.noting(functools.partial(aot_cache_miss, compiled)))
         wrapped = cls(compiled, miss, cache)
         wrapped._compiled, wrapped._fun = compiled, fun
@@ -381,7 +381,7 @@ def _wrap(
         cache = dispatch_cache(fun, argnums, argnames)
         return FunctionCaches(
             cache,
-            SignatureLog((argnums, argnames)),
+            SignatureLog(cache, (argnums, argnames)),
             SignatureOptions(cache, (argnums, argnames), options.get("compiler_options")),
         )
 

@@ -101,7 +101,7 @@ def pmap(
 
     def new_caches() -> FunctionCaches:
         cache = dispatch_cache(fun, statics, [])
-        return FunctionCaches(cache, SignatureLog((statics, ())))
+        return FunctionCaches(cache, SignatureLog(cache, (statics, ())))
 
     caches = _shared_caches.get(fun, options, new_caches)
 

@@ -1,18 +1,20 @@
-"""A call's signature as JSON data (`describe_call`): each argument's kind, shape, dtype, weak
-type, commitment and sharding, its tree, the static arguments that are JSON values, keyword
-names, and the configuration that keys a call. What the signature log notes, a record holds
-and `explain` compares; `Unrecordable` says why a call cannot be described."""
+"""A call's signature as JSON data (`describe_call`), for a record to carry to another
+process. The dispatcher reads the signature as it keys it (`DispatchCache._signature`: the
+tree, each leaf's kind, shape, dtype, weak type and commitment, the static arguments, the
+keyword names); this module writes what must cross processes as JSON: shardings (meshes,
+device ids, specs), static values, NamedTuple types by name, and the configuration that keys
+a call (x64, the mesh of `jax.set_mesh`). `Unrecordable` says why a call cannot be written.
+"""
 
 from __future__ import annotations
 
 import math
-import operator
-from collections.abc import Mapping
 from typing import Any
 
 import jax
 import numpy as np
 
+from fastpjit import _core
 from fastpjit.warm_start.schema import MAX_DEPTH, TYPE_NAME, Signature, named_type
 
 __all__ = ["Unrecordable", "describe_call"]
@@ -23,27 +25,44 @@ class Unrecordable(Exception):
 
 
 def describe_call(
-    args: tuple[Any, ...],
-    kwargs: Mapping[str, Any],
-    static_positions: set[int],
-    static_names: set[str],
+    dispatch: _core.DispatchCache, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Signature:
-    """The signature of `fn(*args, **kwargs)` as JSON data; raises `Unrecordable`."""
-    n = len(args)
-    statics = {p % n for p in static_positions if -n <= p < n}
+    """The signature of `fn(*args, **kwargs)`, as `fn`'s dispatch cache `dispatch` keys it,
+    as JSON data; raises `Unrecordable`."""
+    read = dispatch._signature(*args, **kwargs)
+    if read is None:
+        raise Unrecordable("a call that JAX runs, which has no signature")
+    positional, keywords = read
     return {
-        "args": [
-            {"static": _static_value(a)} if i in statics else _node(a) for i, a in enumerate(args)
-        ],
-        "kwargs": {
-            k: ({"static": _static_value(v)} if k in static_names else _node(v))
-            for k, v in sorted(kwargs.items())
-        },
+        "args": [_entry(entry) for entry in positional],
+        "kwargs": {name: _entry(entry) for name, entry in sorted(keywords)},
         "config": {
             "jax_enable_x64": bool(jax.config.read("jax_enable_x64")),
             "mesh": _context_mesh(),
         },
     }
+
+
+def _entry(entry: tuple[Any, ...], depth: int = 0) -> Any:
+    """A static argument, or a node of the dispatcher's tree (see `DispatchCache._signature`),
+    as tagged JSON."""
+    if depth > MAX_DEPTH:
+        raise Unrecordable(f"a tree deeper than {MAX_DEPTH} levels")
+    tag = entry[0]
+    if tag == "static":
+        return {"static": _static_value(entry[1])}
+    if tag == "leaf":
+        return {"leaf": _leaf(entry[1])}
+    if tag == "none":
+        return {"none": None}
+    if tag in ("tuple", "list"):
+        return {tag: [_entry(child, depth + 1) for child in entry[1]]}
+    if tag == "dict":
+        return {"dict": [[_static_value(k), _entry(v, depth + 1)] for k, v in entry[1]]}
+    if tag == "registered":
+        _, kind, data, children = entry
+        return {"namedtuple": _named_tuple(kind, data, children, depth)}
+    raise Unrecordable(f"a pytree node of type {entry[1].__qualname__}")
 
 
 def _static_value(value: Any) -> Any:
@@ -116,83 +135,40 @@ def _sharding(sharding: Any) -> dict[str, Any]:
     raise Unrecordable(f"a {type(sharding).__qualname__}, which the record cannot hold")
 
 
-def _leaf(leaf: Any) -> dict[str, Any]:
-    if isinstance(leaf, jax.Array):
-        if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.extended):
-            raise Unrecordable(f"an array of the extended dtype {leaf.dtype}")
-        aval = leaf.aval
+def _leaf(leaf: tuple[Any, ...]) -> dict[str, Any]:
+    kind = leaf[0]
+    if kind == "array":
+        _, shape, dtype, weak_type, committed, sharding = leaf
         return {
             "kind": "array",
-            "shape": list(leaf.shape),
-            "dtype": np.dtype(leaf.dtype).name,
-            "weak_type": bool(aval.weak_type),
-            "committed": bool(leaf.committed),
-            "sharding": _sharding(leaf.sharding),
+            "shape": list(shape),
+            "dtype": np.dtype(dtype).name,
+            "weak_type": bool(weak_type),
+            "committed": bool(committed),
+            "sharding": _sharding(sharding),
         }
-    if isinstance(leaf, np.ndarray):
-        return {"kind": "numpy", "shape": list(leaf.shape), "dtype": leaf.dtype.name}
-    if isinstance(leaf, np.generic):
-        return {"kind": "numpy_scalar", "dtype": np.dtype(type(leaf)).name}
-    for kind in (bool, int, float, complex):  # bool first: it is an int
-        if isinstance(leaf, kind):
-            return {"kind": kind.__name__}
-    raise Unrecordable(f"an argument of type {type(leaf).__qualname__}")
+    if kind == "numpy":
+        return {"kind": "numpy", "shape": list(leaf[1]), "dtype": leaf[2].name}
+    if kind == "numpy_scalar":
+        return {"kind": "numpy_scalar", "dtype": leaf[1].name}
+    return {"kind": leaf[1]}  # a Python scalar: bool, int, float or complex
 
 
-def _node(value: Any, depth: int = 0) -> Any:
-    """A dynamic argument: builtin containers as tagged JSON, leaves described."""
-    if depth > MAX_DEPTH:
-        raise Unrecordable(f"a tree deeper than {MAX_DEPTH} levels")
-    if value is None:
-        return {"none": None}
-    if type(value) is tuple:
-        return {"tuple": [_node(v, depth + 1) for v in value]}
-    if type(value) is list:
-        return {"list": [_node(v, depth + 1) for v in value]}
-    if type(value) is dict:
-        return {
-            "dict": [
-                [_static_value(k), _node(v, depth + 1)]
-                for k, v in sorted(value.items(), key=_sort_key)
-            ]
-        }
-    if isinstance(value, tuple) and hasattr(type(value), "_fields"):
-        return {"namedtuple": _named_tuple(value, depth)}
-    if _is_pytree_node(value):
-        raise Unrecordable(f"a pytree node of type {type(value).__qualname__}")
-    return {"leaf": _leaf(value)}
-
-
-def _named_tuple(value: tuple[Any, ...], depth: int) -> dict[str, Any]:
+def _named_tuple(kind: Any, data: Any, children: list[Any], depth: int) -> dict[str, Any]:
     """A NamedTuple (optax's states, say) by the name of its type, which a replay finds among
-    the modules that its process has imported; one that JAX takes apart otherwise than by its
-    fields, or that no name finds, cannot be recorded."""
-    kind: Any = type(value)  # a NamedTuple's class: its fields are known only at run time
-    name = f"{kind.__module__}:{kind.__qualname__}"
-    children, tree = jax.tree.flatten(value, is_leaf=lambda x: x is not value)
-    try:
-        again = kind(*value)
-    except Exception:
-        again = None
-    rebuilt: Any = jax.tree.structure(again, is_leaf=lambda x: x is not again)
-    if rebuilt != tree or len(children) != len(value) or any(map(operator.is_not, children, value)):
+    the modules that its process has imported. Only JAX's own node for a NamedTuple (whose
+    data is the type, and whose children are the fields) is one; a node that JAX takes apart
+    otherwise, or a type that no name finds, cannot be recorded."""
+    fields = getattr(kind, "_fields", None)
+    if not (isinstance(kind, type) and issubclass(kind, tuple) and isinstance(fields, tuple)):
+        raise Unrecordable(f"a pytree node of type {kind.__qualname__}")
+    if data is not kind or len(fields) != len(children):
         raise Unrecordable(f"a pytree node of type {kind.__qualname__}, not made of its fields")
-    if not TYPE_NAME.fullmatch(name) or named_type(name) is not type(value):
+    name = f"{kind.__module__}:{kind.__qualname__}"
+    if not TYPE_NAME.fullmatch(name) or named_type(name) is not kind:
         raise Unrecordable(f"a NamedTuple {name} that another process cannot find by its name")
     return {
         "type": name,
-        "fields": list(kind._fields),
-        "children": [_node(v, depth + 1) for v in value],
+        "fields": list(fields),
+        "children": [_entry(child, depth + 1) for child in children],
     }
-
-
-def _sort_key(item: tuple[Any, Any]) -> tuple[str, Any]:
-    return (type(item[0]).__name__, item[0])
-
-
-_LEAF_TREE: Any = jax.tree.structure(0)
-
-
-def _is_pytree_node(value: Any) -> bool:
-    # Every leaf has the tree of one leaf; a container, even an empty one, has another.
-    return bool(jax.tree.structure(value) != _LEAF_TREE)

@@ -8,6 +8,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+from fastpjit import _core
 from fastpjit.warm_start.describe import Unrecordable, describe_call
 from fastpjit.warm_start.schema import Signature
 
@@ -29,10 +30,17 @@ def _frozen(value: Any) -> Any:
 
 class SignatureLog:
     """The signatures of one function's cache misses, newest last, at most `capacity`; calls
-    that a record cannot hold are counted by reason. `statics` are the function's static
+    that a record cannot hold are counted by reason. `dispatch` is the function's dispatch
+    cache, which reads a call's signature as it keys it; `statics` are the function's static
     argument positions and names."""
 
-    def __init__(self, statics: tuple[Any, Any] = ((), ()), capacity: int = 1024) -> None:
+    def __init__(
+        self,
+        dispatch: _core.DispatchCache,
+        statics: tuple[Any, Any] = ((), ()),
+        capacity: int = 1024,
+    ) -> None:
+        self._dispatch = dispatch
         self._static_positions = set(statics[0])
         self._static_names = set(statics[1])
         self._capacity = capacity
@@ -54,7 +62,7 @@ class SignatureLog:
 
     def describe(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Signature:
         """The signature of a call of this function; raises `Unrecordable`."""
-        return describe_call(args, kwargs, self._static_positions, self._static_names)
+        return describe_call(self._dispatch, args, dict(kwargs))
 
     def statics_differ(self, signature: Signature) -> str | None:
         """Where a recorded signature's static arguments are not this function's, which one;

@@ -16,7 +16,7 @@ use pyo3::types::{PyDict, PyString, PyTuple};
 use pyo3::PyTraverseError;
 
 use super::context::LiveContext;
-use super::describe::describe;
+use super::describe::{describe, plain};
 use super::entry::Entry;
 use super::leaf::{LiveLeaf, SeenArrays};
 use super::signature::{self, matches, CallSignature, LeafKey, LiveCall, PyCompare, StaticArgs};
@@ -142,14 +142,14 @@ impl DispatchCache {
         })
     }
 
-    /// The description of the signature of a call of these arguments, without running it;
-    /// None where the call has none (JAX runs it).
-    fn description(
+    /// The signature of a call of these arguments, read without running it; None where the
+    /// call has none (JAX runs it).
+    fn signature_of(
         &self,
+        py: Python<'_>,
         args: &Bound<'_, PyTuple>,
         kwargs: Option<&Bound<'_, PyDict>>,
-    ) -> PyResult<Option<Description>> {
-        let py = args.py();
+    ) -> PyResult<Option<CallSignature>> {
         let h = handles(py)?;
         let latest = self.cache.latest();
         let Ok(call) = self.read(py, h, args, kwargs, latest.as_ref())? else {
@@ -158,8 +158,19 @@ impl DispatchCache {
         let Ok(hash) = call.hash()? else {
             return Ok(None);
         };
-        signature::keep(&call, hash)?
-            .map(|signature| describe(py, h, &signature, &self.statics.argnums))
+        signature::keep(&call, hash)
+    }
+
+    /// The description of the signature of a call of these arguments, without running it;
+    /// None where the call has none.
+    fn description(
+        &self,
+        args: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<Option<Description>> {
+        let py = args.py();
+        self.signature_of(py, args, kwargs)?
+            .map(|signature| describe(py, handles(py)?, &signature, &self.statics.argnums))
             .transpose()
     }
 
@@ -305,6 +316,20 @@ impl DispatchCache {
         kwargs: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Option<Vec<(String, String)>>> {
         Ok(self.description(args, kwargs)?.map(|d| d.rows))
+    }
+
+    /// The signature of a call of these arguments as plain data (see `describe::plain`),
+    /// without running it; None where the call has none (JAX runs it).
+    #[pyo3(name = "_signature", signature = (*args, **kwargs))]
+    fn plain_signature<'py>(
+        &self,
+        args: &Bound<'py, PyTuple>,
+        kwargs: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Option<Bound<'py, PyTuple>>> {
+        let py = args.py();
+        self.signature_of(py, args, kwargs)?
+            .map(|signature| plain(py, &signature, &self.statics.argnums))
+            .transpose()
     }
 
     /// What differs between the signature of a call of these arguments and the cached

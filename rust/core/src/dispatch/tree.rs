@@ -56,6 +56,25 @@ pub enum Node<H: Handles> {
     },
 }
 
+impl<H: Handles> Node<H> {
+    /// How many children the node has.
+    pub fn arity(&self) -> usize {
+        match self {
+            Self::Leaf | Self::Nothing => 0,
+            Self::Tuple(n) | Self::List(n) | Self::Registered { arity: n, .. } => *n,
+            Self::Dict { keys, .. } => keys.len(),
+            Self::Dataclass { fields, .. } => fields.data.len(),
+        }
+    }
+}
+
+/// A node with its children nested, each leaf by its index among the tree's flat leaves: the
+/// tree as a record writes it.
+pub enum Nested<'a, H: Handles> {
+    Leaf(usize),
+    Node(&'a Node<H>, Vec<Nested<'a, H>>),
+}
+
 /// The attribute names of a registered dataclass.
 pub struct DataclassFields<H: Handles> {
     pub data: Vec<H::Name>,
@@ -181,6 +200,26 @@ impl<H: Handles> Tree<H> {
         Ok(true)
     }
 
+    /// Each dynamic argument's node, its children nested.
+    pub fn nested(&self) -> Vec<Nested<'_, H>> {
+        fn nest<'a, H: Handles>(
+            nodes: &mut std::slice::Iter<'a, Node<H>>,
+            leaves: &mut usize,
+        ) -> Option<Nested<'a, H>> {
+            let node = nodes.next()?;
+            if let Node::Leaf = node {
+                *leaves += 1;
+                return Some(Nested::Leaf(*leaves - 1));
+            }
+            let children = (0..node.arity())
+                .map(|_| nest(nodes, leaves))
+                .collect::<Option<_>>()?;
+            Some(Nested::Node(node, children))
+        }
+        let (mut nodes, mut leaves) = (self.nodes.iter(), 0);
+        std::iter::from_fn(|| nest(&mut nodes, &mut leaves)).collect()
+    }
+
     /// Calls `object` on every object and `kind` on every type the tree holds (for the
     /// garbage collector's traversal).
     pub fn try_for_each_handle<E>(
@@ -268,6 +307,42 @@ pub(crate) mod tests {
         assert!(!tree(vec![Node::Tuple(1), Node::Leaf], 1).flat);
         assert!(!tree(vec![Node::Nothing], 0).flat);
         assert!(Tree::<Plain>::empty().flat);
+    }
+
+    /// A nested tree in brackets, leaves by index: `(0, {1})`.
+    fn text(nested: &Nested<'_, Plain>) -> String {
+        match nested {
+            Nested::Leaf(i) => i.to_string(),
+            Nested::Node(node, children) => {
+                let inner: Vec<String> = children.iter().map(text).collect();
+                let (open, close) = match node {
+                    Node::Dict { .. } => ("{", "}"),
+                    Node::List(_) => ("[", "]"),
+                    Node::Nothing => return "None".into(),
+                    _ => ("(", ")"),
+                };
+                format!("{open}{}{close}", inner.join(", "))
+            }
+        }
+    }
+
+    #[test]
+    fn a_tree_nests_each_argument_and_numbers_its_leaves() {
+        let t = tree(
+            vec![
+                Node::Tuple(2),
+                Node::Leaf,
+                dict(&["b", "w"]),
+                Node::Leaf,
+                Node::List(0),
+                Node::Nothing,
+                Node::Leaf,
+            ],
+            3,
+        );
+        let roots: Vec<String> = t.nested().iter().map(text).collect();
+        assert_eq!(roots, ["(0, {1, []})", "None", "2"]);
+        assert!(tree(vec![], 0).nested().is_empty());
     }
 
     #[test]
