@@ -20,6 +20,7 @@ from compile_options_script import (
     capture_executables,
     jax_text,
     step,
+    without_stack_frames,
 )
 from oracle import assert_same_outputs
 from rows import row
@@ -302,3 +303,18 @@ def test_a_warm_start_skips_a_signature_whose_options_changed(recorded):
     assert "now takes {'xla_disable_hlo_passes': ''}" in reason
     assert all(replayed["equal"]) and replayed["misses"] == 1 and replayed["hits"] == 3
     assert not replayed["decode_as_jax"] and replayed["prefill_as_jax"]
+
+
+def test_lower_and_compile_take_the_signature_s_options():
+    # As a call would: the AOT path compiles a registered bucket with its options, and JAX's
+    # own compile_options given to compile() are JAX's (merged over the function's).
+    f, fun = new_step()
+    f.with_compiler_options(DECODE_OPTIONS, W, DECODE_SPEC)
+    decode = f.lower(W, DECODE).compile()
+    assert without_stack_frames(decode.as_text()) == jax_text(fun, DECODE_OPTIONS, W, DECODE)
+    assert_same_outputs(decode(W, DECODE), jax.jit(fun)(W, DECODE))
+    prefill = f.lower(W, PREFILL).compile()
+    assert without_stack_frames(prefill.as_text()) == jax_text(fun, None, W, PREFILL)
+    given = f.lower(W, DECODE).compile(compiler_options={"xla_embed_ir_in_executable": False})
+    expected = jax.jit(fun).lower(W, DECODE).compile({"xla_embed_ir_in_executable": False})
+    assert without_stack_frames(given.as_text()) == without_stack_frames(expected.as_text())

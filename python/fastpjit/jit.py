@@ -120,8 +120,10 @@ class JitWrapped(Wrapped):
 
     @_jax.api_boundary
     def lower(self, *args: Any, **kwargs: Any) -> Lowered:
-        """Lowers for these arguments, as `jax.jit(fun).lower` does."""
-        return Lowered(self._active.lower(*args, **kwargs), self.__wrapped__)
+        """Lowers for these arguments, as `jax.jit(fun).lower` does; its `compile()` takes
+        the compile options registered for their signature (`with_compiler_options`)."""
+        lowered = self._active.lower(*args, **kwargs)
+        return Lowered(lowered, self.__wrapped__, self._jax_function.options.of(args, kwargs))
 
     @_jax.api_boundary
     def trace(self, *args: Any, **kwargs: Any) -> jax.stages.Traced:
@@ -191,17 +193,22 @@ class JitWrapped(Wrapped):
 
 
 class Lowered:
-    """`jax.stages.Lowered`, whose `compile()` gives a function that fastpjit dispatches."""
+    """`jax.stages.Lowered`, whose `compile()` gives a function that fastpjit dispatches.
+    `options` are those registered for its signature, if any."""
 
-    def __init__(self, lowered: Any, fun: Any):
-        self._lowered, self._fun = lowered, fun
+    def __init__(self, lowered: Any, fun: Any, options: dict[str, Any] | None = None):
+        self._lowered, self._fun, self._options = lowered, fun, options
 
     @_jax.api_boundary
     def compile(self, *args: Any, **kwargs: Any) -> Compiled:
-        """Compiles as JAX's `Lowered.compile` does; with no compiler options or device
-        assignment given, fastpjit compiles, as for a call."""
+        """Compiles as JAX's `Lowered.compile` does. With nothing given, a signature with
+        compile options of its own compiles with them (over the function's), as its calls
+        do; else fastpjit compiles, as for a call."""
         if not args and not kwargs:
-            compile_lowered(self._lowered)
+            if self._options:
+                kwargs = {"compiler_options": self._options}
+            else:
+                compile_lowered(self._lowered)
         return Compiled.of(self._lowered.compile(*args, **kwargs), self._fun)
 
     def __getattr__(self, name: str) -> Any:
