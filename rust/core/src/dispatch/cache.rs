@@ -7,6 +7,7 @@
 //! Comparing a call with a signature may run Python (`__eq__`), so it never happens under a
 //! lock here, and neither does dropping an entry (which frees Python objects).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::thread::{self, ThreadId};
 
@@ -28,6 +29,9 @@ pub struct CacheEntry<S, E> {
     outcome: OnceLock<E>,
     compiling: Mutex<Option<ThreadId>>,
     done: Condvar,
+    /// Whether the cache forgot the entry (set under the recent entries' lock, so that none
+    /// comes back among them: see `forget_where`).
+    forgotten: AtomicBool,
 }
 
 impl<S, E> Recency for CacheEntry<S, E> {
@@ -55,6 +59,7 @@ impl<S, E> CacheEntry<S, E> {
             outcome: OnceLock::new(),
             compiling: Mutex::new(Some(thread::current().id())),
             done: Condvar::new(),
+            forgotten: AtomicBool::new(false),
         }
     }
 
@@ -209,9 +214,12 @@ impl<S, E> EntryCache<S, E> {
         miss.entry.finish();
     }
 
-    /// Puts `entry` first among the recent entries.
+    /// Puts `entry` first among the recent entries, unless the cache forgot it.
     fn note_recent(&self, entry: &Entry<S, E>) {
         let mut recent = lock(&self.recent);
+        if entry.forgotten.load(Ordering::Relaxed) {
+            return;
+        }
         if recent
             .first()
             .is_some_and(|first| Arc::ptr_eq(first, entry))
@@ -245,12 +253,16 @@ impl<S, E> EntryCache<S, E> {
     }
 
     /// Removes the entries whose signatures `is_it` picks, returning them (each once) for the
-    /// caller to drop where it may.
+    /// caller to drop where it may. An entry whose miss is running stays out when it ends:
+    /// it serves the calls that waited for it, and no later one.
     pub fn forget_where(&self, is_it: impl Fn(&S) -> bool) -> Vec<Entry<S, E>> {
         let forgotten = lock(&self.entries)
             .forget_where(|entry| is_it(&entry.signature))
             .into_values();
         let mut recent = lock(&self.recent);
+        for entry in &forgotten {
+            entry.forgotten.store(true, Ordering::Relaxed);
+        }
         let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut *recent)
             .into_iter()
             .partition(|entry| is_it(&entry.signature));
@@ -321,6 +333,28 @@ mod tests {
         assert_eq!(probe(&cache, 11), None);
         assert_eq!(probe(&cache, 20), None);
         assert_eq!(probe(&cache, 10), Some(10));
+    }
+
+    #[test]
+    fn an_entry_forgotten_while_its_miss_runs_never_serves_a_later_call() {
+        // Compile options registered for a signature while its miss compiles with the old
+        // ones: that executable serves the calls that waited for it, and no later one.
+        let cache = Cache::new(8);
+        compile(&cache, 1, 10);
+        let miss = cache.begin_miss(2, 20);
+        assert_eq!(cache.forget_where(|s| *s == 20).len(), 1);
+        miss.entry.set_outcome("run");
+        cache.end_miss(&miss, true);
+        assert_eq!(miss.entry.outcome(), Some(&"run"));
+        assert!(find(&cache, 2, 20).is_none());
+        assert_eq!(probe(&cache, 20), None);
+        assert_eq!(cache.latest().map(|e| e.signature), Some(10));
+        // A hit on an entry found before it was forgotten does not bring it back either.
+        let entry = find(&cache, 1, 10).unwrap();
+        cache.forget_where(|s| *s == 10);
+        cache.hit(&entry, None);
+        assert_eq!(probe(&cache, 10), None);
+        assert!(cache.latest().is_none());
     }
 
     #[test]
