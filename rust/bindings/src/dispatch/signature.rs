@@ -5,8 +5,9 @@
 //!
 //! A call is read into a `LiveCall`, which borrows the call's objects; a cache entry keeps a
 //! `CallSignature` (the core's plain data, with handles to the objects it compares). A hit
-//! compares the two without building a signature: by identity first, by value only where
-//! identity differs.
+//! compares the two without building a signature, as the core's `CallSignature::matches`
+//! decides: by identity first, by value only where identity differs. `PyCompare` makes the
+//! comparisons that only Python can.
 
 use std::borrow::Cow;
 use std::sync::Arc;
