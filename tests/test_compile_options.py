@@ -5,13 +5,13 @@ and across a warm start. Options whose names or values JAX refuses raise JAX's e
 
 import json
 import os
-import subprocess
 import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from child import run_json
 from compile_options_script import (
     DECODE,
     DECODE_OPTIONS,
@@ -260,15 +260,7 @@ def test_a_warm_up_registers_the_recorded_options_before_any_replay(tmp_path, ex
 
 
 def run_script(*argv):
-    done = subprocess.run(
-        [sys.executable, SCRIPT, *map(str, argv)],
-        capture_output=True,
-        text=True,
-        timeout=200,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_json(SCRIPT, *argv, timeout=200)
 
 
 @pytest.fixture(scope="module")

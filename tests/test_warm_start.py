@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from child import run_json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax.sharding import NamedSharding
@@ -337,16 +338,7 @@ SCRIPT = os.path.join(os.path.dirname(__file__), "warm_start_script.py")
 
 
 def run_script(mode, path, **env):
-    done = subprocess.run(
-        [sys.executable, SCRIPT, mode, str(path)],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env={**os.environ, **env},
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_json(SCRIPT, mode, path, **env)
 
 
 @pytest.fixture(scope="module")
