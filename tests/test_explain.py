@@ -9,6 +9,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import fastpjit
+from fastpjit.explain import Difference
 
 
 @pytest.fixture
@@ -93,21 +94,11 @@ def test_a_miss_on_a_sharding_a_static_value_x64_and_a_mesh_context(mesh):
     cols = jax.device_put(np.ones((8, 8), np.float32), NamedSharding(mesh, P(None, "y")))
     f(rows, rows, n=3)
     assert [d.what for d in unchanged(f, cols, rows, n=3).differences] == ["sharding"]
-    (difference,) = unchanged(f, rows, rows, n=4).differences
-    assert (difference.what, difference.path, difference.call, difference.cached) == (
-        "static value",
-        "kwargs['n']",
-        "4 (int)",
-        "3 (int)",
-    )
+    static = Difference("static value", "kwargs['n']", "4 (int)", "3 (int)")
+    assert unchanged(f, rows, rows, n=4).differences == (static,)
     with jax.enable_x64(True):
-        (difference,) = unchanged(f, rows, rows, n=3).differences
-    assert (difference.what, difference.path, difference.call, difference.cached) == (
-        "jax_enable_x64",
-        "jit key",
-        "True",
-        "False",
-    )
+        x64 = Difference("jax_enable_x64", "jit key", "True", "False")
+        assert unchanged(f, rows, rows, n=3).differences == (x64,)
     with jax.set_mesh(mesh):
         differences = unchanged(f, rows, rows, n=3).differences
     # The items of the jit key that hold the mesh (which, depends on the JAX line).
