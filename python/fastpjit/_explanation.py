@@ -68,9 +68,10 @@ class Explanation:
     `outcome` is "hit", "miss" or "fallback"; `path` how a hit is found ("recent", "keyed",
     "bound"); `reason` why JAX runs a fallback. `signature` maps each leaf's path to its
     description, then each static argument's, the tree's and the keyword names' (for a call
-    that JAX runs, which has no signature, `"(call)"` says so); on a miss, `differences` says what differs from the nearest cached signature
-    (None when nothing is cached). For a hit, `inputs` says how each flat argument becomes an
-    executable input, and `in_shardings` / `out_shardings` are the executable's.
+    that JAX runs, which has no signature, `"(call)"` says so); on a miss, `differences` says
+    what differs from the nearest cached signature (None when nothing is cached). For a hit,
+    `inputs` says how each flat argument becomes an executable input, and `in_shardings` /
+    `out_shardings` are the executable's.
     `compiler_options` are the compile options of a jit function's call."""
 
     function: str
