@@ -9,6 +9,7 @@ use fastpjit_core::dispatch::route::is_static_position;
 use fastpjit_core::dispatch::tree::Nested;
 use fastpjit_core::dispatch::{ArgSignature, HostKind};
 use numpy::npyffi::PY_ARRAY_API;
+use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
@@ -126,7 +127,13 @@ fn plain_node<'py>(
     leaves: &[Bound<'py, PyAny>],
 ) -> PyResult<Bound<'py, PyAny>> {
     let (node, children) = match nested {
-        Nested::Leaf(i) => return Ok(("leaf", &leaves[*i]).into_pyobject(py)?.into_any()),
+        Nested::Leaf(i) => {
+            // A tree has as many leaves as its signature; a record is refused, never a panic.
+            let leaf = leaves.get(*i).ok_or_else(|| {
+                PyRuntimeError::new_err("a signature with fewer leaves than its tree")
+            })?;
+            return Ok(("leaf", leaf).into_pyobject(py)?.into_any());
+        }
         Nested::Node(node, children) => (node, children),
     };
     let children = children
