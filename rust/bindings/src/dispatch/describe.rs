@@ -182,10 +182,7 @@ fn plain_leaf<'py>(py: Python<'py>, leaf: &ArgSignature<Py<PyAny>>) -> PyResult<
                 HostKind::Scalar => ("numpy_scalar", descr).into_pyobject(py)?.into_any(),
             }
         }
-        ArgSignature::Scalar(kind) => {
-            let name = format!("{kind:?}").to_lowercase();
-            ("scalar", name).into_pyobject(py)?.into_any()
-        }
+        ArgSignature::Scalar(kind) => ("scalar", kind.name()).into_pyobject(py)?.into_any(),
     })
 }
 

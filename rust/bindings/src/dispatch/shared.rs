@@ -249,13 +249,17 @@ impl DispatchCache {
         args: &[Bound<'_, PyAny>],
         keys: &[LeafKey],
     ) -> PyResult<bool> {
+        let Some(first) = args.first() else {
+            return Ok(true);
+        };
+        let compare = PyCompare::leaves(first.py());
         self.with_seen(|seen| {
             for (position, (arg, key)) in args.iter().zip(keys).enumerate() {
                 let Some(LiveLeaf::Array { aval, sharding, .. }) = seen.read(h, position, arg)?
                 else {
                     return Ok(false);
                 };
-                if !key.holds_array(&PyCompare::leaves(aval.py()), &aval, &sharding)? {
+                if !key.holds_array(&compare, &aval, &sharding)? {
                     return Ok(false);
                 }
             }

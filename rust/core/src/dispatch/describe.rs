@@ -427,7 +427,7 @@ impl<H> ArgSignature<H> {
                 (format!("numpy scalar {dtype}"), aspects)
             }
             Self::Scalar(kind) => {
-                let name = format!("python {kind:?}").to_lowercase();
+                let name = format!("python {}", kind.name());
                 let row = format!("{name}{}", weak(kind.weak_type()));
                 (row, vec![(Aspect::Kind, name)])
             }

@@ -18,6 +18,16 @@ pub enum ScalarKind {
 }
 
 impl ScalarKind {
+    /// The Python type's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Bool => "bool",
+            Self::Int => "int",
+            Self::Float => "float",
+            Self::Complex => "complex",
+        }
+    }
+
     /// Whether JAX gives a value of this kind a weak type.
     pub fn weak_type(self) -> bool {
         self != Self::Bool
@@ -728,6 +738,14 @@ mod tests {
         );
     }
 
+    /// A call's keyword names, static arguments and tree, and whether it has the signature.
+    type Case<'a> = (
+        &'a [&'static str],
+        &'a [&'static str],
+        &'a Arc<String>,
+        bool,
+    );
+
     #[test]
     fn a_call_matches_a_signature_in_every_part_or_not_at_all() {
         let tree = Arc::new("(*, *)".to_owned());
@@ -766,29 +784,22 @@ mod tests {
             leaves: leaves(),
         };
         let x = Plain { context: 7 };
-        assert_eq!(
-            signature.matches(&x, call(&["b"], &["3#live"], &tree)),
-            Ok(true)
-        );
         // A tree equal by value, not the same one.
         let equal_tree = Arc::new("(*, *)".to_owned());
-        assert_eq!(
-            signature.matches(&x, call(&["b"], &["3"], &equal_tree)),
-            Ok(true)
-        );
-        assert_eq!(
-            signature.matches(&x, call(&["c"], &["3"], &tree)),
-            Ok(false)
-        );
-        assert_eq!(
-            signature.matches(&x, call(&["b"], &["4"], &tree)),
-            Ok(false)
-        );
-        assert_eq!(
-            signature.matches(&x, call(&["b"], &["3"], &other_tree)),
-            Ok(false)
-        );
-        assert_eq!(signature.matches(&x, call(&["b"], &[], &tree)), Ok(false));
+        let cases: [Case<'_>; 6] = [
+            (&["b"], &["3#live"], &tree, true),
+            (&["b"], &["3"], &equal_tree, true),
+            (&["c"], &["3"], &tree, false),
+            (&["b"], &["4"], &tree, false),
+            (&["b"], &["3"], &other_tree, false),
+            (&["b"], &[], &tree, false),
+        ];
+        for (kwnames, statics, tree, expected) in cases {
+            assert_eq!(
+                signature.matches(&x, call(kwnames, statics, tree)),
+                Ok(expected)
+            );
+        }
         let other_key = Plain { context: 8 };
         assert_eq!(
             signature.matches(&other_key, call(&["b"], &["3"], &tree)),
