@@ -23,11 +23,16 @@ over the devices and the weights replicated: the step has no collectives (checke
 stream there too. Their calls/s and process CPU time per call (every thread's, execution
 included) are in the notes. Each side decodes from the same start, and the three sides'
 outputs after as many steps (the cache counts them) are checked equal.
+
+The rows of the goals (bound, 10 and 1000 leaves; the donated steps) take more rounds than
+the others, and their goals are judged on each round's gap between the sides, which a round
+times together.
 """
 
 from __future__ import annotations
 
 import itertools
+import statistics
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -47,6 +52,14 @@ COLUMNS = ("leaves", "devices")
 THREAD_CALLS = 1000
 STREAM_CALLS = 1000
 IN_FLIGHT = 4
+# How many times the usual rounds the rows of the goals take: on 2 shared cores a round's
+# time moves by 10–40%, more than the margins that the goals allow.
+GOAL_ROUNDS = 4
+
+
+def _stream_rounds(devices: int) -> int:
+    # A round of a stream on 8 devices is about 1 s (1000 steps a side): half as many rounds.
+    return GOAL_ROUNDS if devices == 1 else GOAL_ROUNDS // 2
 
 
 def serve_step(params, x):
@@ -237,8 +250,16 @@ def _donated_steps(
     return Sides(ours=ours, jax=jax_side, floor=floor_side, check=same_result, calls=STREAM_CALLS)
 
 
-def _case(name: str, build: Callable[[], Sides], leaves: int, devices: int) -> Case:
-    return Case(name=name, build=build, devices=8, meta={"leaves": leaves, "devices": devices})
+def _case(
+    name: str, build: Callable[[], Sides], leaves: int, devices: int, rounds_factor: int = 1
+) -> Case:
+    return Case(
+        name=name,
+        build=build,
+        devices=8,
+        meta={"leaves": leaves, "devices": devices},
+        rounds_factor=rounds_factor,
+    )
 
 
 def _build_cases() -> list[Case]:
@@ -251,6 +272,8 @@ def _build_cases() -> list[Case]:
                     lambda n=leaves, d=devices: _bound(n, d),
                     leaves,
                     devices,
+                    # The goals' rows: their margin is finer than a round's spread.
+                    GOAL_ROUNDS if leaves in (10, 1000) else 1,
                 )
             )
             cases.append(
@@ -293,6 +316,7 @@ def _build_cases() -> list[Case]:
                         lambda d=devices, k=in_flight, p=plain: _donated_steps(d, k, p),
                         2,
                         devices,
+                        _stream_rounds(devices),
                     )
                 )
     for plain in (False, True):
@@ -303,6 +327,7 @@ def _build_cases() -> list[Case]:
                 lambda p=plain: _donated_steps(8, 1, p, collective=True),
                 2,
                 8,
+                _stream_rounds(8),
             )
         )
     for n in (1, 2, 4, 8):
@@ -320,6 +345,15 @@ def _build_cases() -> list[Case]:
 CASES = _build_cases()
 
 
+def _paired(row: dict[str, Any], side: str, other: str) -> float:
+    """The median over rounds of `side`'s µs less `other`'s in the same round: the sides of a
+    round are timed together, so that the machine's drift between rounds cancels."""
+    stats = row["stats"]
+    return statistics.median(
+        a - b for a, b in zip(stats[side]["per_round"], stats[other]["per_round"], strict=True)
+    )
+
+
 def notes(rows: list[dict[str, Any]], processes: Any) -> str:
     """The issue's goals, measured, and the donated steps' throughput."""
     by_name = {row["name"]: row for row in rows}
@@ -329,7 +363,7 @@ def notes(rows: list[dict[str, Any]], processes: Any) -> str:
             row = by_name.get(f"bound, {leaves} leaves, {devices} dev")
             if not row:
                 continue
-            gap = row["ours_us"] - row["floor_us"]
+            gap = _paired(row, "ours", "floor")
             # Issue 29 on one device; issue 41 on 8: within 5% of the floor, or 5 µs.
             if devices == 1:
                 goal = max(0.02 * row["floor_us"], 5.0) if leaves == 1000 else 1.0
@@ -337,7 +371,8 @@ def notes(rows: list[dict[str, Any]], processes: Any) -> str:
                 goal = max(0.05 * row["floor_us"], 5.0)
             lines.append(
                 f"- {leaves} bound leaves, {devices} dev: {gap:.1f} µs above the floor of "
-                f"{row['floor_us']:,.0f} (goal ≤ {goal:.1f}): "
+                f"{row['floor_us']:,.0f} (goal ≤ {goal:.1f}; JAX "
+                f"{_paired(row, 'jax', 'floor'):.1f} above it): "
                 f"{'met' if gap <= goal else '**not met**'}."
             )
         numpy_row = by_name.get(f"bound numpy weights, 1000 leaves, {devices} dev")
@@ -361,28 +396,45 @@ def notes(rows: list[dict[str, Any]], processes: Any) -> str:
             f"- 8 threads: fastpjit {ours:,.0f} calls/s, JAX {theirs:,.0f} calls/s: "
             f"{'met' if ours >= theirs else '**not met**'}."
         )
-    goals = ["**Goals** (issues 29 and 41):", *lines] if lines else []
+    goals = (
+        [
+            "**Goals** (issues 29 and 41), over the rows' "
+            f"{GOAL_ROUNDS} × more rounds: µs above the floor as the median of each round's "
+            "gap (the sides of a round are timed together):",
+            *lines,
+        ]
+        if lines
+        else []
+    )
     throughput = _throughput([row for row in rows if "donated steps" in row["name"]])
     return "\n\n".join("\n".join(part) for part in (goals, throughput) if part)
 
 
 def _throughput(rows: list[dict[str, Any]]) -> list[str]:
-    """The donated-step rows as calls/s and process CPU time per call, per side."""
+    """The donated-step rows as calls/s, process CPU time and issuing-thread CPU time per call,
+    per side."""
     if not rows:
         return []
     sides = ("ours", "jax", "floor")
     lines = [
         f"**Throughput** of the rows of {STREAM_CALLS} donated steps: calls/s (10⁶ / µs per "
-        "call) and the process's CPU time per call (µs, every thread's, the execution "
-        "included), median of rounds. Goal (issue 41): at least JAX's calls/s on every row.",
+        "call), the process's CPU time per call (µs, every thread's, the execution included) "
+        "and the issuing thread's (µs: what bounds how fast calls that do not wait can be "
+        "issued), medians of rounds. Goal (issue 41): at least JAX's calls/s on every row, "
+        "judged by the median of each round's JAX µs less fastpjit's (its column: ≥ 0 is met).",
         "",
         "| case | fastpjit calls/s | JAX calls/s | floor calls/s "
-        "| fastpjit CPU µs | JAX CPU µs | floor CPU µs | goal |",
-        "|---|---:|---:|---:|---:|---:|---:|---|",
+        "| fastpjit CPU µs | JAX CPU µs | floor CPU µs "
+        "| fastpjit thread µs | JAX thread µs | floor thread µs | JAX − fastpjit µs | goal |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for row in rows:
         rates = [f"{1e6 / row[f'{side}_us']:,.0f}" for side in sides]
         cpu = [fmt_us(row["stats"][side]["cpu"]) for side in sides]
-        met = "met" if row["ours_us"] <= row["jax_us"] else "**not met**"
-        lines.append(f"| {row['name']} | {' | '.join(rates)} | {' | '.join(cpu)} | {met} |")
+        thread = [fmt_us(row["stats"][side]["thread_cpu"]) for side in sides]
+        ahead = _paired(row, "jax", "ours")
+        met = "met" if ahead >= 0 else "**not met**"
+        lines.append(
+            f"| {row['name']} | {' | '.join([*rates, *cpu, *thread])} | {ahead:.1f} | {met} |"
+        )
     return lines

@@ -126,7 +126,7 @@ def run_cases(
     for index in indices:
         case = module.CASES[index]
         row = {"index": index, **case.meta}
-        row |= harness.measure(case.name, case.build(), settings)
+        row |= harness.measure(case.name, case.build(), settings.for_case(case))
         rows.append(row)
         print(
             f"  {case.name}: fastpjit {harness.fmt_us(row['ours_us'])} µs, "

@@ -15,7 +15,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import fastpjit
-from fastpjit.bench import CheckFailed, Settings, measure_call
+from fastpjit.bench import CheckFailed, Settings, harness, measure_call
 
 # A few short rounds: these tests check what a benchmark reports, not how fast anything is.
 QUICK = Settings(rounds=3, round_s=0.001, singles=3)
@@ -152,8 +152,6 @@ def test_the_figure_is_one_line_per_row_on_one_screen(tmp_path):
     pytest.importorskip("matplotlib").use("Agg")
     import matplotlib.pyplot as plt
 
-    from fastpjit.bench import harness
-
     rows = [_figure_row(f"row {i}", 9.0 + 0.1 * i, 12.0, 9.0) for i in range(21)]
     rows += [
         _figure_row("far above JAX", 30.0, 11.0, 10.0),
@@ -249,3 +247,20 @@ def test_a_call_without_a_floor_is_timed_on_two_sides_and_says_why():
     assert report["overhead_ratio"] is None and report["speedup"] > 0
     assert "no fast path" in report["no_floor"]
     assert f"no floor: {report['no_floor']}" in str(result)
+
+
+def test_a_case_takes_its_share_of_rounds_and_each_side_reports_its_thread_cpu():
+    # The rows whose goals are finer than a round's spread take more rounds (benches/).
+    case = harness.Case(name="more rounds", build=lambda: None, rounds_factor=2)
+    settings = QUICK.for_case(case)
+    assert (settings.rounds, settings.round_s) == (2 * QUICK.rounds, QUICK.round_s)
+    assert QUICK.for_case(harness.Case(name="usual", build=lambda: None)) == QUICK
+    x = jnp.ones(4)
+    sides = harness.Sides(
+        ours=lambda: x + 1, jax=lambda: x + 1, floor=lambda: x + 1, check=harness.same_result
+    )
+    row = harness.measure("more rounds", sides, settings)
+    for side in ("ours", "jax", "floor"):
+        stats = row["stats"][side]
+        assert len(stats["per_round"]) == settings.rounds
+        assert stats["thread_cpu"] >= 0 and stats["cpu"] >= 0

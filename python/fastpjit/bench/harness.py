@@ -26,7 +26,7 @@ import statistics
 import time
 import types
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +89,8 @@ class Case:
     build: Callable[[], Sides]
     devices: int | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    # Rows whose goal is finer than their rounds' spread take this many times the rounds.
+    rounds_factor: int = 1
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,10 @@ class Settings:
     @classmethod
     def of(cls, quick: bool) -> Settings:
         return cls(rounds=7, round_s=0.002) if quick else cls(rounds=25, round_s=0.04)
+
+    def for_case(self, case: Case) -> Settings:
+        """These settings with the rounds that `case` takes."""
+        return replace(self, rounds=self.rounds * case.rounds_factor)
 
 
 @dataclass(frozen=True)
@@ -130,37 +136,46 @@ def run_once(call: Call) -> Any:
     return call.fn()
 
 
-def _mean_ns(call: Call, number: int, per_call: bool) -> tuple[float, float]:
-    """The mean ns per call over `number` calls: wall time, and the process's CPU time (every
-    thread's, XLA's execution included).
+def _mean_ns(call: Call, number: int, per_call: bool) -> tuple[float, float, float]:
+    """The mean ns per call over `number` calls: wall time, the process's CPU time (every
+    thread's, XLA's execution included), and the CPU time of this thread (the one that issues
+    the calls).
 
     Per call: each call is timed alone, after its setup, and its result is freed untimed.
     Otherwise the calls run back to back in one timed loop, as `timeit` runs them.
     """
     fn, setup = call.fn, call.setup
-    wall, cpu = time.perf_counter_ns, time.process_time_ns
+    wall, cpu, thread = time.perf_counter_ns, time.process_time_ns, time.thread_time_ns
     if not per_call:
-        cpu_start = cpu()
+        thread_start, cpu_start = thread(), cpu()
         start = wall()
         for _ in itertools.repeat(None, number):
             fn()
         end = wall()
-        return (end - start) / number, (cpu() - cpu_start) / number
-    total = cpu_total = 0
+        cpu_end, thread_end = cpu(), thread()
+        return (
+            (end - start) / number,
+            (cpu_end - cpu_start) / number,
+            (thread_end - thread_start) / number,
+        )
+    total = cpu_total = thread_total = 0
     for _ in itertools.repeat(None, number):
         if setup is not None:
             setup()
-        cpu_start = cpu()
+        thread_start, cpu_start = thread(), cpu()
         start = wall()
         result = fn()
         end = wall()
         cpu_total += cpu() - cpu_start
+        thread_total += thread() - thread_start
         total += end - start
         del result
-    return total / number, cpu_total / number
+    return total / number, cpu_total / number, thread_total / number
 
 
-def _stats(per_round_us: list[float], per_round_cpu_us: list[float]) -> dict[str, Any]:
+def _stats(
+    per_round_us: list[float], per_round_cpu_us: list[float], per_round_thread_us: list[float]
+) -> dict[str, Any]:
     quartiles = statistics.quantiles(per_round_us, n=4) if len(per_round_us) > 1 else None
     median = statistics.median(per_round_us)
     p25 = quartiles[0] if quartiles else per_round_us[0]
@@ -176,6 +191,9 @@ def _stats(per_round_us: list[float], per_round_cpu_us: list[float]) -> dict[str
         # The process's CPU time per call, every thread's (median of rounds): a call that
         # returns before its execution ends shows its cost here, not in its wall time.
         "cpu": statistics.median(per_round_cpu_us),
+        # The CPU time of the thread that issues the calls: what limits how fast calls that
+        # do not wait for their results can be issued.
+        "thread_cpu": statistics.median(per_round_thread_us),
     }
 
 
@@ -227,7 +245,8 @@ def measure(name: str, sides: Sides, settings: Settings) -> dict[str, Any]:
     Each round times every side once, in an order that rotates from round to round; a side's
     figure is the median over rounds of its per-round mean, net of the cost of timing an empty
     call the same way. The garbage collector is off while timing, as in `timeit`. Each side's
-    process CPU time per call is measured in the same rounds (`cpu` in its stats).
+    process CPU time per call, and its issuing thread's, are measured in the same rounds (`cpu`
+    and `thread_cpu` in its stats).
     """
     check_sides(name, sides)
     calls = {
@@ -240,18 +259,22 @@ def measure(name: str, sides: Sides, settings: Settings) -> dict[str, Any]:
     try:
         numbers = {side: _calibrate(call, per_call, settings) for side, call in calls.items()}
         empties = [_mean_ns(empty, 10_000, per_call) for _ in range(5)]
-        empty_ns, empty_cpu_ns = min(ns for ns, _ in empties), min(ns for _, ns in empties)
+        empty_ns, empty_cpu_ns, empty_thread_ns = (min(kind) for kind in zip(*empties, strict=True))
         empty_single_ns = min(_single_ns(empty, 1000)) if settings.singles else 0
         samples: dict[str, list[float]] = {side: [] for side in calls}
         cpu_samples: dict[str, list[float]] = {side: [] for side in calls}
+        thread_samples: dict[str, list[float]] = {side: [] for side in calls}
         singles: dict[str, list[float]] = {side: [] for side in calls}
         order = list(calls)
         for round_index in range(settings.rounds):
             shift = round_index % len(order)
             for side in order[shift:] + order[:shift]:
-                ns, cpu_ns = _mean_ns(calls[side], numbers[side], per_call)
+                ns, cpu_ns, thread_ns = _mean_ns(calls[side], numbers[side], per_call)
                 samples[side].append(max(ns - empty_ns, 0.0) / 1e3 / sides.calls)
                 cpu_samples[side].append(max(cpu_ns - empty_cpu_ns, 0.0) / 1e3 / sides.calls)
+                thread_samples[side].append(
+                    max(thread_ns - empty_thread_ns, 0.0) / 1e3 / sides.calls
+                )
                 # No more single calls than the round's loop makes: slow calls stay quick.
                 count = min(settings.singles, numbers[side])
                 singles[side] += [
@@ -261,7 +284,7 @@ def measure(name: str, sides: Sides, settings: Settings) -> dict[str, Any]:
     finally:
         gc.enable()
     stats = {
-        side: _stats(us, cpu_samples[side])
+        side: _stats(us, cpu_samples[side], thread_samples[side])
         | {"number": numbers[side]}
         | _percentiles(singles[side])
         for side, us in samples.items()
