@@ -20,9 +20,10 @@ over the batch, an all-reduce across devices). Bound rows call
 `fastpjit.jit(step, donate_argnums=2)(params, token, cache)`; the floor threads the raw
 executable's flat outputs into its next call. On 8 devices the batch (token and cache) is split
 over the devices and the weights replicated: the step has no collectives (checked), so calls
-stream there too. Their calls/s and process CPU time per call (every thread's, execution
-included) are in the notes. Each side decodes from the same start, and the three sides'
-outputs after as many steps (the cache counts them) are checked equal.
+stream there too. Their calls/s, process CPU time per call (every thread's, execution
+included) and issuing thread's CPU time per call are in the notes. Each side decodes from the
+same start, and the three sides' outputs after as many steps (the cache counts them) are
+checked equal.
 
 The rows of the goals (bound, 10 and 1000 leaves; the donated steps) take more rounds than
 the others, and their goals are judged on each round's gap between the sides, which a round
