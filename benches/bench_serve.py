@@ -33,8 +33,6 @@ times together.
 from __future__ import annotations
 
 import itertools
-import math
-import statistics
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -48,7 +46,7 @@ from jax.sharding import PartitionSpec as P
 import fastpjit
 from fastpjit.bench.calls import burst
 from fastpjit.bench.floors import Floor, fresh, has_collectives, jit_floor
-from fastpjit.bench.harness import Case, CheckFailed, Sides, fmt_us, same_result
+from fastpjit.bench.harness import Case, CheckFailed, Sides, fmt_us, paired_gap, same_result
 
 COLUMNS = ("leaves", "devices")
 THREAD_CALLS = 1000
@@ -347,19 +345,6 @@ def _build_cases() -> list[Case]:
 CASES = _build_cases()
 
 
-def _paired(row: dict[str, Any], side: str, other: str) -> tuple[float, float, float]:
-    """The median over rounds of `side`'s µs less `other`'s in the same round (the sides of a
-    round are timed together, so that the machine's drift between rounds cancels), and the
-    95% confidence interval of that median (its order statistics)."""
-    stats = row["stats"]
-    gaps = sorted(
-        a - b for a, b in zip(stats[side]["per_round"], stats[other]["per_round"], strict=True)
-    )
-    n = len(gaps)
-    k = max(0, int(n / 2 - 0.98 * math.sqrt(n)))
-    return statistics.median(gaps), gaps[k], gaps[n - 1 - k]
-
-
 def _interval(row: dict[str, Any], low: float, high: float) -> str:
     rounds = len(row["stats"]["ours"]["per_round"])
     return f"{rounds} rounds, 95% CI {low:,.1f} to {high:,.1f}"
@@ -374,7 +359,7 @@ def notes(rows: list[dict[str, Any]], processes: Any) -> str:
             row = by_name.get(f"bound, {leaves} leaves, {devices} dev")
             if not row:
                 continue
-            gap, low, high = _paired(row, "ours", "floor")
+            gap, low, high = paired_gap(row, "ours", "floor")
             # Issue 29 on one device; issue 41 on 8: within 5% of the floor, or 5 µs.
             if devices == 1:
                 goal = max(0.02 * row["floor_us"], 5.0) if leaves == 1000 else 1.0
@@ -383,7 +368,7 @@ def notes(rows: list[dict[str, Any]], processes: Any) -> str:
             lines.append(
                 f"- {leaves} bound leaves, {devices} dev: {gap:,.1f} µs above the floor of "
                 f"{row['floor_us']:,.0f} ({_interval(row, low, high)}; goal ≤ {goal:,.1f}; JAX "
-                f"{_paired(row, 'jax', 'floor')[0]:,.1f} above it): "
+                f"{paired_gap(row, 'jax', 'floor')[0]:,.1f} above it): "
                 f"{'met' if gap <= goal else '**not met**'}."
             )
         numpy_row = by_name.get(f"bound numpy weights, 1000 leaves, {devices} dev")
@@ -444,7 +429,7 @@ def _throughput(rows: list[dict[str, Any]]) -> list[str]:
         rates = [f"{1e6 / row[f'{side}_us']:,.0f}" for side in sides]
         cpu = [fmt_us(row["stats"][side]["cpu"]) for side in sides]
         thread = [fmt_us(row["stats"][side]["thread_cpu"]) for side in sides]
-        ahead, low, high = _paired(row, "jax", "ours")
+        ahead, low, high = paired_gap(row, "jax", "ours")
         met = "met" if ahead >= 0 else "**not met**"
         lines.append(
             f"| {row['name']} | {' | '.join([*rates, *cpu, *thread])} | {ahead:.1f} "

@@ -264,3 +264,18 @@ def test_a_case_takes_its_share_of_rounds_and_each_side_reports_its_thread_cpu()
         stats = row["stats"][side]
         assert len(stats["per_round"]) == settings.rounds
         assert stats["thread_cpu"] >= 0 and stats["cpu"] >= 0
+
+
+def test_a_paired_gap_is_the_median_of_each_round_s_gap_with_its_interval():
+    # Round i: ours is floor + i, whatever the floor does between rounds.
+    floors = [100.0 + 50 * (i % 3) for i in range(25)]
+    row = {
+        "stats": {
+            "ours": {"per_round": [f + i for i, f in enumerate(floors)]},
+            "floor": {"per_round": floors},
+        }
+    }
+    median, low, high = harness.paired_gap(row, "ours", "floor")
+    assert median == 12
+    # The order statistics 2.5 · √25 ≈ 5 places either side of the middle one.
+    assert (low, high) == (7, 17)

@@ -25,7 +25,7 @@ import platform
 import statistics
 import time
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -514,19 +514,28 @@ ROW_INCHES = 0.24
 FIGURE_DPI = 110
 
 
-def round_ratios(row: dict[str, Any]) -> list[float]:
-    """The overhead ratio of each round where JAX was above the floor: the sides are timed
-    in the same rounds, so a round's ratio compares times measured together."""
+def _rounds(row: dict[str, Any], *sides: str) -> Iterator[tuple[float, ...]]:
+    """Each round's µs of `sides`: the sides are timed in the same rounds, so one round's
+    figures compare times measured together."""
     stats = row["stats"]
-    if "floor" not in stats:
+    return zip(*(stats[side]["per_round"] for side in sides), strict=True)
+
+
+def round_ratios(row: dict[str, Any]) -> list[float]:
+    """The overhead ratio of each round where JAX was above the floor."""
+    if "floor" not in row["stats"]:
         return []
-    rounds = zip(
-        stats["ours"]["per_round"],
-        stats["jax"]["per_round"],
-        stats["floor"]["per_round"],
-        strict=True,
-    )
+    rounds = _rounds(row, "ours", "jax", "floor")
     return [(ours - floor) / (theirs - floor) for ours, theirs, floor in rounds if theirs > floor]
+
+
+def paired_gap(row: dict[str, Any], side: str, other: str) -> tuple[float, float, float]:
+    """The median over rounds of `side`'s µs less `other`'s in the same round (drift between
+    rounds cancels), and the 95% confidence interval of that median (its order statistics)."""
+    gaps = sorted(a - b for a, b in _rounds(row, side, other))
+    n = len(gaps)
+    k = max(0, int(n / 2 - 0.98 * math.sqrt(n)))
+    return statistics.median(gaps), gaps[k], gaps[n - 1 - k]
 
 
 def _above_floor(row: dict[str, Any]) -> str:
