@@ -191,7 +191,9 @@ def test_a_bound_argument_donated_or_deleted_elsewhere_raises_naming_it(devices,
     # Across devices, jaxlib 0.10.2 crashes on such an input. Later jaxlibs run the other devices'
     # part of the call where only some of its buffers are gone: decode_step's devices then wait
     # for the failed ones' until XLA aborts the process, and after row_step's no later call on
-    # those devices completes. So every input is checked before the executable runs.
+    # those devices completes. So every input is checked before the executable runs, as jax.jit
+    # does, by jaxlib's is_deleted(): it looks at the first shard's buffer (shard 0 here) and at
+    # no other, for jax.jit as for fastpjit.
     params, token, cache = placed(devices)
     g = fastpjit.jit(step).bind(params)
     expected = jax.jit(step)(params, token, cache)

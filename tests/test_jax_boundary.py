@@ -610,6 +610,17 @@ def test_array_getters_read_what_the_public_properties_give():
     assert _jax.array_is_deleted(replicated) and not _jax.array_was_donated(replicated)
 
 
+@pytest.mark.parametrize("shard", [0, 3])
+def test_is_deleted_of_an_array_over_devices_looks_at_its_first_shard_alone(shard):
+    # The liveness check before an execution across devices is jaxlib's, jax.jit's as
+    # fastpjit's: docs/serving.md says what it sees, and that a jaxlib which looks further
+    # changes that.
+    sharding = NamedSharding(Mesh(np.array(DEVICES), ("x",)), P("x"))
+    x = jax.device_put(np.arange(16, dtype=np.float32), sharding)
+    x.addressable_shards[shard].data.delete()
+    assert _jax.array_is_deleted(x) is (shard == 0)
+
+
 def test_transfer_steps_that_rust_calls():
     sharding = NamedSharding(Mesh(np.array(DEVICES), ("x",)), P("x"))
     host = np.arange(16, dtype=np.float32)
